@@ -1,0 +1,102 @@
+"""The `engine` command: the supervisor by default, plus operator subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from engine import __version__
+from engine.config import ConfigError, Settings, load_settings
+from engine.database import open_database
+from engine.migrate import SchemaTooNew, migrate
+
+
+def _add_common(parser: argparse.ArgumentParser, *, on_subcommand: bool = True) -> None:
+    # On a subcommand, SUPPRESS keeps an unset flag from overwriting one given before it.
+    default = argparse.SUPPRESS if on_subcommand else None
+    parser.add_argument(
+        "--dsn", default=default,
+        help="PostgreSQL URL (else ENGINE_DSN, DATABASE_URL, else an embedded server)",
+    )
+    parser.add_argument(
+        "--config", type=Path, default=default, help="TOML settings file; flags override it"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="engine", description="Webhook delivery engine on PostgreSQL."
+    )
+    parser.add_argument("--version", action="version", version=f"engine {__version__}")
+    _add_common(parser, on_subcommand=False)
+    parser.add_argument("--procs", type=int, help="delivery worker processes (default: CPUs)")
+    parser.add_argument("--bind", help="ingress HOST:PORT (default 127.0.0.1:8080)")
+    parser.add_argument("--ingress-procs", type=int, help="ingress processes (default 1)")
+    parser.add_argument(
+        "--allow-private-targets", action="store_true", default=None,
+        help="allow loopback/private destination addresses (demo, bench, tests)",
+    )
+    parser.add_argument("--retry-schedule", help="comma-separated delays, e.g. 5s,5m,30m,2h")
+    parser.add_argument("--max-in-flight", type=int, help="concurrent requests per worker")
+    parser.add_argument("--lease", help="claim lease, e.g. 60s (must exceed max timeout + 15s)")
+    parser.add_argument("--max-timeout", help="longest per-destination request timeout, e.g. 30s")
+    parser.add_argument("--drain-deadline", type=float, help="seconds to drain on SIGTERM")
+    sub = parser.add_subparsers(dest="command")
+    _add_common(sub.add_parser("run", help="run the engine (the default)"))
+    _add_common(sub.add_parser("migrate", help="apply database migrations and exit"))
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return load_settings(
+        args.config,
+        dsn=args.dsn,
+        procs=getattr(args, "procs", None),
+        bind=getattr(args, "bind", None),
+        ingress_procs=getattr(args, "ingress_procs", None),
+        allow_private_targets=getattr(args, "allow_private_targets", None),
+        retry_schedule=getattr(args, "retry_schedule", None),
+        max_in_flight=getattr(args, "max_in_flight", None),
+        lease=getattr(args, "lease", None),
+        max_timeout=getattr(args, "max_timeout", None),
+        drain_deadline_s=getattr(args, "drain_deadline", None),
+    )
+
+
+def cmd_migrate(settings: Settings) -> int:
+    database = open_database(settings)
+    try:
+        applied = migrate(database.dsn)
+    finally:
+        database.close()
+    print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    return 0
+
+
+def cmd_run(settings: Settings) -> int:
+    from engine.supervisor import run_supervisor
+
+    return run_supervisor(settings)
+
+
+COMMANDS: dict[str, Callable[[Settings], int]] = {
+    "run": cmd_run,
+    "migrate": cmd_migrate,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+        return COMMANDS[args.command or "run"](settings)
+    except (ConfigError, SchemaTooNew, ValueError) as exc:
+        print(f"engine: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Settings: defaults, then a TOML file (--config), then environment, then flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from engine.retry import DEFAULT_SCHEDULE, parse_duration, parse_schedule
+
+# A lease must outlive the longest request plus this much: time to flush results and for
+# clocks to disagree. A lease shorter than a request means a second worker may send the
+# same delivery while the first is still waiting for an answer.
+LEASE_MARGIN_MS = 15_000
+
+
+class ConfigError(ValueError):
+    """A configuration the engine refuses to start with."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    dsn: str | None = None
+    procs: int = field(default_factory=lambda: os.cpu_count() or 1)
+    bind: str = "127.0.0.1:8080"
+    ingress_procs: int = 1
+    allow_private_targets: bool = False
+    retry_schedule: tuple[float, ...] = DEFAULT_SCHEDULE
+    # Per-request timeout bounds; a destination's timeout_ms must lie within them.
+    default_timeout_ms: int = 10_000
+    max_timeout_ms: int = 30_000
+    lease_ms: int = 60_000
+    max_in_flight: int = 512  # concurrent requests per worker process
+    first_attempt_share: float = 0.25  # of a worker's slots kept for first attempts
+    breaker_threshold: int = 5
+    breaker_base_pause_ms: int = 30_000
+    breaker_max_pause_ms: int = 3_600_000
+    drain_deadline_s: float = 30.0
+    max_body_bytes: int = 256 * 1024
+    retention_days: float = 30.0
+    data_dir: Path = Path(".engine")
+    api_token: str | None = None
+
+    def validate(self) -> Settings:
+        if self.procs < 1:
+            raise ConfigError("procs must be at least 1")
+        if self.lease_ms <= self.max_timeout_ms + LEASE_MARGIN_MS:
+            raise ConfigError(
+                f"lease_ms ({self.lease_ms}) must exceed max_timeout_ms ({self.max_timeout_ms})"
+                f" plus a {LEASE_MARGIN_MS} ms margin: a shorter lease delivers twice"
+            )
+        if not 0 < self.default_timeout_ms <= self.max_timeout_ms:
+            raise ConfigError("default_timeout_ms must be positive and at most max_timeout_ms")
+        if not 0 <= self.first_attempt_share < 1:
+            raise ConfigError("first_attempt_share must be in [0, 1)")
+        if self.max_in_flight < 1:
+            raise ConfigError("max_in_flight must be at least 1")
+        host, _, port = self.bind.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ConfigError(f"bind must be HOST:PORT, got {self.bind!r}")
+        return self
+
+    @property
+    def max_attempts(self) -> int:
+        return len(self.retry_schedule) + 1
+
+
+_DURATION_MS_KEYS = {"default_timeout", "max_timeout", "lease"}
+
+
+def _coerce(key: str, value: Any) -> tuple[str, Any]:
+    """Accept friendly forms: `retry_schedule = "5s,5m"`, `lease = "60s"`."""
+    if key == "retry_schedule":
+        if isinstance(value, str):
+            return key, parse_schedule(value)
+        return key, tuple(parse_duration(v) if isinstance(v, str) else float(v) for v in value)
+    if key in _DURATION_MS_KEYS:
+        seconds = parse_duration(value) if isinstance(value, str) else float(value)
+        return f"{key}_ms", int(seconds * 1000)
+    if key == "data_dir":
+        return key, Path(value)
+    return key, value
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from defaults, the TOML file, the environment and `overrides`
+    (flags; None values are ignored so unset flags do not mask the file)."""
+    values: dict[str, Any] = {}
+    known = {f.name for f in fields(Settings)}
+    if config_file is not None:
+        try:
+            data = tomllib.loads(config_file.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {config_file}: {exc}") from exc
+        for raw_key, raw_value in data.items():
+            key, value = _coerce(raw_key.replace("-", "_"), raw_value)
+            if key not in known:
+                raise ConfigError(f"unknown setting {raw_key!r} in {config_file}")
+            values[key] = value
+    dsn = os.environ.get("ENGINE_DSN") or os.environ.get("DATABASE_URL")
+    if dsn and "dsn" not in values:
+        values["dsn"] = dsn
+    if os.environ.get("ENGINE_API_TOKEN"):
+        values["api_token"] = os.environ["ENGINE_API_TOKEN"]
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        key, value = _coerce(key, value)
+        if key not in known:
+            raise ConfigError(f"unknown setting {key!r}")
+        values[key] = value
+    try:
+        return replace(Settings(), **values).validate()
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from exc

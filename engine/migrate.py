@@ -1,0 +1,77 @@
+"""Apply the numbered SQL files in `schema/` in order, once each.
+
+Many hosts may start at once, so the whole run holds a session advisory lock; each file
+applies in its own transaction together with its row in `schema_migrations`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schema"
+# An arbitrary constant naming "engine migrations" in pg_advisory_lock's key space.
+MIGRATION_LOCK_KEY = 0x656E67696E65  # "engine"
+_FILE_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was migrated by a newer engine than this one."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def load_migrations(schema_dir: Path = SCHEMA_DIR) -> list[Migration]:
+    migrations = []
+    for path in sorted(schema_dir.glob("*.sql")):
+        match = _FILE_NAME.match(path.name)
+        if match is None:
+            raise ValueError(f"migration file name must look like 001_name.sql: {path.name}")
+        migrations.append(Migration(int(match.group(1)), path.stem, path.read_text()))
+    versions = [m.version for m in migrations]
+    if versions != list(range(1, len(versions) + 1)):
+        raise ValueError(f"migrations must be numbered 1..N without gaps, found {versions}")
+    return migrations
+
+
+def migrate(dsn: str, schema_dir: Path = SCHEMA_DIR) -> list[str]:
+    """Apply pending migrations; return the names applied (empty when up to date)."""
+    migrations = load_migrations(schema_dir)
+    applied_now: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+            current = row[0] if row else 0
+            newest_known = migrations[-1].version if migrations else 0
+            if current > newest_known:
+                raise SchemaTooNew(
+                    f"database schema is at version {current}, this engine knows only up to "
+                    f"{newest_known}: upgrade the engine before running it against this database"
+                )
+            for migration in migrations:
+                if migration.version <= current:
+                    continue
+                with conn.transaction():
+                    conn.execute(migration.sql.encode())
+                    conn.execute(
+                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
+                        (migration.version, migration.name),
+                    )
+                applied_now.append(migration.name)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+    return applied_now

@@ -1,0 +1,19 @@
+"""The hot SQL statements, each in its own file under engine/sql/, read once at import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_SQL_DIR = Path(__file__).with_name("sql")
+
+
+def _load(name: str) -> bytes:
+    return (_SQL_DIR / f"{name}.sql").read_bytes()
+
+
+CLAIM_BATCH = _load("claim_batch")
+RECORD_RESULTS = _load("record_results")
+RETURN_CLAIMS = _load("return_claims")
+REPLAY_DELIVERY = _load("replay_delivery")
+REPLAY_DEAD = _load("replay_dead")
+ENQUEUE_EVENTS = _load("enqueue_events")

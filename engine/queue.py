@@ -1,0 +1,201 @@
+"""The queue operations. Each is one SQL statement (see engine/sql/) run in its own short
+transaction; none of them holds a connection while anything but the database works."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+from psycopg import Connection, RawCursor
+
+from engine import queries
+
+# Breaker defaults (SPEC): open after 5 consecutive failures, pause 30 s doubling to 1 h.
+BREAKER_THRESHOLD = 5
+BREAKER_BASE_PAUSE_MS = 30_000
+BREAKER_MAX_PAUSE_MS = 3_600_000
+RETURN_BATCH = 1000
+REPLAY_BATCH = 500
+
+
+def _run(conn: Connection, statement: bytes, params: Sequence[object]) -> RawCursor:
+    """Execute one of our .sql files: they use PostgreSQL's own $n placeholders."""
+    cursor = RawCursor(conn)
+    cursor.execute(statement, params)
+    return cursor
+
+
+def worker_id(tag: str = "") -> str:
+    """`host:pid` (plus a tag), so an operator can tell whose claim a row is."""
+    base = f"{socket.gethostname()}:{os.getpid()}"
+    return f"{base}:{tag}" if tag else base
+
+
+class Claim(msgspec.Struct, frozen=True):
+    """One claimed delivery with all a worker needs to send it."""
+
+    id: int
+    event_id: int
+    destination_id: int
+    attempt: int
+    url: str
+    timeout_ms: int
+    secrets: list[str]
+    payload: str
+
+
+OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of one attempt. `next_attempt_at` is set for 'retry' and 'gone'."""
+
+    id: int
+    attempt: int
+    outcome: str
+    started_at: dt.datetime
+    duration_ms: int | None = None
+    status_code: int | None = None
+    error: str | None = None
+    body: str | None = None
+    next_attempt_at: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    threshold: int = BREAKER_THRESHOLD
+    base_pause_ms: int = BREAKER_BASE_PAUSE_MS
+    max_pause_ms: int = BREAKER_MAX_PAUSE_MS
+
+
+@dataclass
+class EventIn:
+    """One event to enqueue. `destination_ids` None means fan out by event type."""
+
+    type: str
+    payload: str
+    destination_ids: Sequence[int] | None = None
+    ordering_key: str | None = None
+    idempotency_key: str | None = None
+    request_hash: bytes | None = None
+
+
+def claim_batch(
+    conn: Connection, worker: str, limit: int, lease_ms: int, first_attempt_reserve: int = 0
+) -> list[Claim]:
+    """Claim up to `limit` due deliveries for `worker`; commits before returning."""
+    with conn.transaction():
+        params = (worker, limit, first_attempt_reserve, lease_ms)
+        rows = _run(conn, queries.CLAIM_BATCH, params).fetchall()
+    return [Claim(*row) for row in rows]
+
+
+def record_results(
+    conn: Connection, worker: str, results: Sequence[Result],
+    breaker: BreakerSettings | None = None,
+) -> int:
+    """Apply many attempt outcomes in one statement; returns how many still belonged to
+    `worker` (the rest were reaped or released meanwhile and change nothing)."""
+    if not results:
+        return 0
+    breaker = breaker or BreakerSettings()
+    for r in results:
+        if r.outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {r.outcome!r}")
+    params = (
+        worker,
+        [r.id for r in results],
+        [r.attempt for r in results],
+        [r.outcome for r in results],
+        [r.next_attempt_at for r in results],
+        [r.started_at for r in results],
+        [r.duration_ms for r in results],
+        [r.status_code for r in results],
+        [r.error for r in results],
+        [r.body for r in results],
+        breaker.threshold,
+        breaker.base_pause_ms,
+        breaker.max_pause_ms,
+    )
+    with conn.transaction():
+        row = _run(conn, queries.RECORD_RESULTS, params).fetchone()
+    return int(row[0]) if row else 0
+
+
+def release_claims(conn: Connection, worker: str, max_attempts: int) -> int:
+    """Return every claim of `worker` (a process that died) to pending at once."""
+    return _return_claims(conn, worker, False, "worker exited", max_attempts)
+
+
+def reap_expired(conn: Connection, max_attempts: int) -> int:
+    """Return claims whose lease ran out (a lost host) to pending."""
+    return _return_claims(conn, None, True, "lease expired", max_attempts)
+
+
+def _return_claims(
+    conn: Connection, worker: str | None, only_expired: bool, reason: str, max_attempts: int
+) -> int:
+    total = 0
+    while True:
+        with conn.transaction():
+            row = _run(
+                conn, queries.RETURN_CLAIMS,
+                (worker, only_expired, reason, max_attempts, RETURN_BATCH),
+            ).fetchone()
+        moved = int(row[0]) + int(row[1]) if row else 0
+        total += moved
+        if moved < RETURN_BATCH:
+            return total
+
+
+def replay_delivery(conn: Connection, delivery_id: int) -> bool:
+    """Put one delivery back as a first attempt; False if it is in flight or unknown."""
+    with conn.transaction():
+        row = _run(conn, queries.REPLAY_DELIVERY, (delivery_id,)).fetchone()
+    return row is not None
+
+
+def replay_dead(
+    conn: Connection, destination_id: int, since: dt.datetime | None = None,
+    batch: int = REPLAY_BATCH,
+) -> int:
+    """Replay every dead delivery of a destination (since a time) in bounded batches."""
+    with conn.transaction():
+        started = conn.execute("SELECT now()").fetchone()
+    until = started[0] if started else None
+    total = 0
+    while True:
+        with conn.transaction():
+            row = _run(conn, queries.REPLAY_DEAD, (destination_id, since, until, batch))
+            moved = int(row.fetchone()[0])
+        total += moved
+        if moved < batch:
+            return total
+
+
+def enqueue_events(conn: Connection, events: Sequence[EventIn]) -> list[tuple[int | None, int]]:
+    """Insert events and their deliveries in one statement, inside the caller's transaction.
+    Returns (event id, delivery count) per event; id None where the idempotency key exists."""
+    target_ord: list[int] = []
+    target_dest: list[int] = []
+    for position, event in enumerate(events, start=1):
+        for destination_id in event.destination_ids or ():
+            target_ord.append(position)
+            target_dest.append(destination_id)
+    params = (
+        [e.type for e in events],
+        [e.payload for e in events],
+        [e.ordering_key for e in events],
+        [e.idempotency_key for e in events],
+        [e.request_hash for e in events],
+        [e.destination_ids is not None for e in events],
+        target_ord,
+        target_dest,
+    )
+    rows = _run(conn, queries.ENQUEUE_EVENTS, params).fetchall()
+    return [(row[1], int(row[2]) if row[2] is not None else 0) for row in rows]

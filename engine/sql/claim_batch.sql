@@ -1,0 +1,103 @@
+-- claim_batch: lock up to $limit claimable deliveries, mark them in flight, and return
+-- everything a worker needs to send them, in one round trip.
+--   $1 worker_id text, $2 limit int, $3 first_attempt_reserve int, $4 lease_ms int
+--
+-- FOR UPDATE OF d SKIP LOCKED: lock only delivery rows. Without OF, the destination row
+-- would be locked too, and every other claimer would skip all of that destination's
+-- deliveries until we commit: one claimer per destination.
+--
+-- Retries and first attempts are two range scans of deliveries_claimable_idx. Retries
+-- may take at most ($limit - min($reserve, first attempts available)): after an outage
+-- the due retries cannot crowd out fresh deliveries.
+--
+-- A destination whose breaker is open and whose pause has run out gets exactly one probe
+-- delivery: the UPDATE of its row to half_open is what a single claimer wins (the others
+-- skip the locked row), and a lease-long pause covers the probe should its worker die.
+WITH probed_destinations AS (
+    UPDATE destinations dest
+       SET breaker = 'half_open',
+           paused_until = now() + make_interval(secs => $4 / 1000.0)
+      FROM (SELECT id FROM destinations
+             WHERE breaker <> 'closed' AND paused_until <= now()
+               AND NOT disabled AND NOT paused AND deleted_at IS NULL
+             LIMIT 5
+               FOR UPDATE SKIP LOCKED) due
+     WHERE dest.id = due.id
+ RETURNING dest.id
+), probe AS (
+    SELECT p.id
+      FROM probed_destinations pd
+     CROSS JOIN LATERAL (
+           SELECT d.id FROM deliveries d
+            WHERE d.destination_id = pd.id
+              AND d.status = 'pending'
+              AND d.next_attempt_at <= now()
+              AND (d.ordering_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM deliveries e
+                     WHERE e.destination_id = d.destination_id
+                       AND e.ordering_key = d.ordering_key
+                       AND e.id < d.id))
+            ORDER BY d.next_attempt_at
+            LIMIT 1
+              FOR UPDATE OF d SKIP LOCKED) p
+), eligible_first AS (
+    SELECT d.id, d.next_attempt_at
+      FROM deliveries d
+      JOIN destinations dest ON dest.id = d.destination_id
+     WHERE d.status = 'pending'
+       AND (d.attempt = 0) = true
+       AND d.next_attempt_at <= now()
+       AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
+       AND dest.breaker = 'closed'
+       AND (d.ordering_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM deliveries e
+              WHERE e.destination_id = d.destination_id
+                AND e.ordering_key = d.ordering_key
+                AND e.id < d.id))
+     ORDER BY d.next_attempt_at
+     LIMIT $2
+       FOR UPDATE OF d SKIP LOCKED
+), eligible_retry AS (
+    SELECT d.id, d.next_attempt_at
+      FROM deliveries d
+      JOIN destinations dest ON dest.id = d.destination_id
+     WHERE d.status = 'pending'
+       AND (d.attempt = 0) = false
+       AND d.next_attempt_at <= now()
+       AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
+       AND dest.breaker = 'closed'
+       AND (d.ordering_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM deliveries e
+              WHERE e.destination_id = d.destination_id
+                AND e.ordering_key = d.ordering_key
+                AND e.id < d.id))
+     ORDER BY d.next_attempt_at
+     LIMIT $2 - least($3, (SELECT count(*) FROM eligible_first))
+       FOR UPDATE OF d SKIP LOCKED
+), chosen AS (
+    SELECT id FROM probe
+    UNION ALL
+    SELECT id FROM eligible_retry
+    UNION ALL
+    (SELECT id FROM eligible_first
+      ORDER BY next_attempt_at
+      LIMIT $2 - (SELECT count(*) FROM eligible_retry))
+), claimed AS (
+    UPDATE deliveries d
+       SET status = 'in_flight',
+           attempt = d.attempt + 1,
+           locked_by = $1,
+           locked_until = now() + make_interval(secs => $4 / 1000.0)
+      FROM chosen
+     WHERE d.id = chosen.id
+ RETURNING d.id, d.event_id, d.destination_id, d.attempt
+)
+SELECT c.id, c.event_id, c.destination_id, c.attempt,
+       dest.url, dest.timeout_ms,
+       CASE WHEN dest.previous_secret IS NOT NULL AND dest.previous_secret_until > now()
+            THEN ARRAY[dest.secret, dest.previous_secret]
+            ELSE ARRAY[dest.secret] END AS secrets,
+       ev.payload
+  FROM claimed c
+  JOIN destinations dest ON dest.id = c.destination_id
+  JOIN events ev ON ev.id = c.event_id

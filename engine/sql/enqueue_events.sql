@@ -1,0 +1,50 @@
+-- enqueue_events: write a batch of events and all their deliveries in one statement.
+--   $1 types text[], $2 payloads text[], $3 ordering_keys text[], $4 idempotency_keys text[],
+--   $5 request_hashes bytea[], $6 explicit bool[] (true: targets listed in $7/$8, false:
+--   fan out to every active destination subscribed to the type)
+--   $7 target_ord int[] (1-based event position), $8 target_destination_id bigint[]
+-- Returns one row per event position: its id and delivery count, or a NULL id when its
+-- idempotency key already exists (the caller then reads the first answer).
+-- Ids are drawn up front so deliveries can refer to their event without relying on the
+-- order of RETURNING rows.
+WITH incoming AS (
+    SELECT nextval(pg_get_serial_sequence('events', 'id')) AS id, e.*
+      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bool[])
+           WITH ORDINALITY AS e(type, payload, ordering_key, idempotency_key, request_hash,
+                                explicit, ord)
+), listed AS (
+    SELECT DISTINCT t.ord, t.destination_id
+      FROM unnest($7::int[], $8::bigint[]) AS t(ord, destination_id)
+), target AS (
+    SELECT i.id AS event_id, i.ord, dest.id AS destination_id,
+           CASE WHEN dest.ordered THEN coalesce(i.ordering_key, '') END AS ordering_key
+      FROM incoming i
+      JOIN destinations dest
+        ON dest.deleted_at IS NULL
+       AND CASE WHEN i.explicit
+                THEN EXISTS (SELECT 1 FROM listed l
+                              WHERE l.ord = i.ord AND l.destination_id = dest.id)
+                ELSE NOT dest.disabled
+                     AND (dest.event_types IS NULL OR i.type = ANY (dest.event_types))
+           END
+), inserted AS (
+    INSERT INTO events (id, type, payload, ordering_key, idempotency_key, request_hash,
+                        delivery_count)
+    OVERRIDING SYSTEM VALUE
+    SELECT i.id, i.type, i.payload, i.ordering_key, i.idempotency_key, i.request_hash,
+           (SELECT count(*) FROM target t WHERE t.event_id = i.id)
+      FROM incoming i
+     ORDER BY i.ord
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+ RETURNING id, delivery_count
+), fanned_out AS (
+    INSERT INTO deliveries (event_id, destination_id, ordering_key)
+    SELECT t.event_id, t.destination_id, t.ordering_key
+      FROM target t
+      JOIN inserted ins ON ins.id = t.event_id
+     ORDER BY t.event_id, t.destination_id
+)
+SELECT i.ord, ins.id, ins.delivery_count
+  FROM incoming i
+  LEFT JOIN inserted ins ON ins.id = i.id
+ ORDER BY i.ord
