@@ -1,0 +1,174 @@
+"""Prometheus metrics, aggregated across the engine's processes.
+
+The supervisor calls `prepare_multiprocess_dir()` before it forks: every child then writes
+its samples to files in that folder (prometheus-client multiprocess mode) and `/metrics`
+in any process renders the sum over all of them. Gauges read from the database (queue
+depth, oldest due delivery, breaker states, dead tuples) are computed at scrape time, so
+they are as fresh as the scrape and cost nothing between scrapes.
+
+Process-local instruments are created on first use by `instruments()`, not at import:
+prometheus-client picks its storage (in memory or multiprocess files) when a metric is
+created, and a module imported before PROMETHEUS_MULTIPROC_DIR was set must not freeze
+the wrong choice.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+
+import psycopg
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+    values,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from engine import queries
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+DELIVERY_STATUSES = ("pending", "in_flight")
+BREAKER_STATES = ("closed", "open", "half_open")
+
+# Attempt latency spans loopback (ms) to a timed-out request (tens of seconds).
+ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+CLAIM_SIZE_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+CLAIM_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+@dataclass(frozen=True)
+class Instruments:
+    deliveries: Counter  # labels: outcome (delivered, retry, dead, gone, released)
+    attempt_seconds: Histogram  # labels: outcome
+    in_flight: Gauge  # requests open right now, summed over live processes
+    claim_batch_size: Histogram
+    claim_seconds: Histogram
+    ingested_events: Counter
+
+
+@cache
+def instruments() -> Instruments:
+    """The process's instruments, created once, in whatever mode the environment says."""
+    # Re-read the environment: prometheus_client chose at its import time.
+    values.ValueClass = values.get_value_class()
+    return Instruments(
+        deliveries=Counter(
+            "engine_deliveries", "Attempt outcomes recorded by workers", ["outcome"]
+        ),
+        attempt_seconds=Histogram(
+            "engine_attempt_duration_seconds", "HTTP attempt latency", ["outcome"],
+            buckets=ATTEMPT_BUCKETS,
+        ),
+        in_flight=Gauge(
+            "engine_in_flight", "HTTP requests open now", multiprocess_mode="livesum"
+        ),
+        claim_batch_size=Histogram(
+            "engine_claim_batch_size", "Deliveries per claim", buckets=CLAIM_SIZE_BUCKETS
+        ),
+        claim_seconds=Histogram(
+            "engine_claim_duration_seconds", "Claim statement latency",
+            buckets=CLAIM_LATENCY_BUCKETS,
+        ),
+        ingested_events=Counter("engine_ingested_events", "Events accepted by ingress"),
+    )
+
+
+def prepare_multiprocess_dir() -> str:
+    """Point PROMETHEUS_MULTIPROC_DIR at a fresh, empty folder (supervisor, before forking).
+    A fresh folder per run: files left by a previous run would be summed in."""
+    folder = tempfile.mkdtemp(prefix="engine-metrics-")
+    os.environ[MULTIPROC_ENV] = folder
+    return folder
+
+
+def remove_multiprocess_dir(folder: str) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    if os.environ.get(MULTIPROC_ENV) == folder:
+        del os.environ[MULTIPROC_ENV]
+
+
+def child_exited(pid: int) -> None:
+    """Drop a dead child's live gauges (supervisor, after reaping it)."""
+    folder = os.environ.get(MULTIPROC_ENV)
+    if folder:
+        multiprocess.mark_process_dead(pid, folder)
+
+
+class DatabaseCollector(Collector):
+    """Gauges read from the database at scrape time, through a short connection."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+            conn.execute("SET statement_timeout = '5s'")
+            rows = psycopg.RawCursor(conn).execute(queries.METRICS_GAUGES).fetchall()
+        yield from database_families(rows)
+
+
+def database_families(rows: list[tuple[str, str, float]]) -> Iterator[GaugeMetricFamily]:
+    depth = dict.fromkeys(DELIVERY_STATUSES, 0.0)
+    breakers = dict.fromkeys(BREAKER_STATES, 0.0)
+    oldest = 0.0
+    dead_tuples: dict[str, float] = {}
+    for metric, label, value in rows:
+        if metric == "depth":
+            depth[label] = value
+        elif metric == "breaker":
+            breakers[label] = value
+        elif metric == "oldest_due_age":
+            oldest = value
+        elif metric == "dead_tuples":
+            dead_tuples[label] = value
+    family = GaugeMetricFamily(
+        "engine_queue_depth", "Deliveries in the hot queue by status", labels=["status"]
+    )
+    for status, count in depth.items():
+        family.add_metric([status], count)
+    yield family
+    yield GaugeMetricFamily(
+        "engine_oldest_due_age_seconds",
+        "How long the oldest due pending delivery has waited past its due time",
+        value=oldest,
+    )
+    family = GaugeMetricFamily(
+        "engine_destinations_breaker", "Destinations by breaker state", labels=["state"]
+    )
+    for state, count in breakers.items():
+        family.add_metric([state], count)
+    yield family
+    family = GaugeMetricFamily(
+        "engine_dead_tuples", "Dead tuples per table (pg_stat_user_tables)", labels=["table"]
+    )
+    for table, count in sorted(dead_tuples.items()):
+        family.add_metric([table], count)
+    yield family
+
+
+def render(dsn: str | None) -> bytes:
+    """The /metrics body: every process's samples plus the database gauges (when `dsn`)."""
+    registry = CollectorRegistry()
+    folder = os.environ.get(MULTIPROC_ENV)
+    if folder:
+        multiprocess.MultiProcessCollector(registry, folder)
+    else:
+        # One process (tests, tools): its instruments live in the default registry.
+        instruments()
+        registry.register(REGISTRY)
+    if dsn:
+        registry.register(DatabaseCollector(dsn))
+    return generate_latest(registry)
