@@ -13,8 +13,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from fakedest import FakeDestination
 from standardwebhooks import Webhook
+
+from tests.fakedest import FakeDestination
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 24).decode()
 OTHER_SECRET = "whsec_" + base64.b64encode(b"o" * 24).decode()
