@@ -8,7 +8,12 @@
 --
 -- Retries and first attempts are two range scans of deliveries_claimable_idx. Retries
 -- may take at most ($limit - min($reserve, first attempts available)): after an outage
--- the due retries cannot crowd out fresh deliveries.
+-- the due retries cannot crowd out fresh deliveries. The branches test the index's boolean
+-- column with IS TRUE / IS FALSE: the planner rewrites `(attempt = 0) = false` into
+-- `attempt <> 0`, which no longer matches the index (tests/test_claim_plan.py checks).
+--
+-- The final UPDATE finds its rows by primary key (= ANY of the chosen ids) whatever the
+-- planner thinks of the backlog's size.
 --
 -- A destination whose breaker is open and whose pause has run out gets exactly one probe
 -- delivery: the UPDATE of its row to half_open is what a single claimer wins (the others
@@ -45,7 +50,7 @@ WITH probed_destinations AS (
       FROM deliveries d
       JOIN destinations dest ON dest.id = d.destination_id
      WHERE d.status = 'pending'
-       AND (d.attempt = 0) = true
+       AND (d.attempt = 0) IS TRUE
        AND d.next_attempt_at <= now()
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
@@ -62,7 +67,7 @@ WITH probed_destinations AS (
       FROM deliveries d
       JOIN destinations dest ON dest.id = d.destination_id
      WHERE d.status = 'pending'
-       AND (d.attempt = 0) = false
+       AND (d.attempt = 0) IS FALSE
        AND d.next_attempt_at <= now()
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
@@ -88,8 +93,7 @@ WITH probed_destinations AS (
            attempt = d.attempt + 1,
            locked_by = $1,
            locked_until = now() + make_interval(secs => $4 / 1000.0)
-      FROM chosen
-     WHERE d.id = chosen.id
+     WHERE d.id = ANY (ARRAY(SELECT id FROM chosen))
  RETURNING d.id, d.event_id, d.destination_id, d.attempt
 )
 SELECT c.id, c.event_id, c.destination_id, c.attempt,

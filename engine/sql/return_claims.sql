@@ -5,12 +5,15 @@
 -- for leases that ran out (reap_expired: any holder, typically a lost host).
 -- The attempt may have reached the destination, so it counts and is recorded; a delivery
 -- that has used its last attempt this way is dead rather than sent once more.
+-- `locked_until < CASE ...` rather than `NOT $2 OR ...`: an OR on a parameter cannot be an
+-- index condition, so a generic plan would read the whole queue instead of
+-- deliveries_in_flight_idx (every in-flight row has a locked_until).
 WITH lost AS (
     SELECT id
       FROM deliveries
      WHERE status = 'in_flight'
        AND ($1::text IS NULL OR locked_by = $1)
-       AND (NOT $2 OR locked_until < now())
+       AND locked_until < CASE WHEN $2 THEN now() ELSE 'infinity' END
      LIMIT $5
        FOR UPDATE SKIP LOCKED
 ), requeued AS (

@@ -1,0 +1,251 @@
+"""Plan regression tests: with a million finished deliveries in the database, the claim, the
+result write and the reaper stay on their indexes.
+
+Each statement is planned both ways PostgreSQL may run it: as a custom plan (the first
+executions) and as a generic plan (psycopg prepares a statement after a few executions on
+one connection, and the server may then switch to a plan that ignores the parameter
+values). Every EXPLAIN ANALYZE runs inside a transaction that is rolled back, so the tests
+share one big database without changing it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from engine import queries, queue
+from tests.dbserver import DatabaseFactory
+
+pytestmark = pytest.mark.pg_versions
+
+FINISHED = 1_000_000
+PENDING = 1_000
+DESTINATIONS = 10
+LEASE_MS = 60_000
+PLAN_MODES = ("force_custom_plan", "force_generic_plan")
+HISTORY_TABLES = {"finished_deliveries", "events", "delivery_attempts"}
+
+Plan = dict[str, Any]
+
+
+def fill(conn: psycopg.Connection) -> None:
+    """1,000,000 finished deliveries (1 % dead) with their events, then 1,000 due pending
+    deliveries: three quarters first attempts, one quarter retries."""
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO destinations (url, secret)"
+            " SELECT 'http://127.0.0.1:9/' || g, 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw'"
+            " FROM generate_series(1, %s) g",
+            (DESTINATIONS,),
+        )
+        conn.execute(
+            "INSERT INTO events (id, type, payload, delivery_count, created_at)"
+            " OVERRIDING SYSTEM VALUE"
+            " SELECT g, 'order.created', '{\"order\": ' || g || '}', 1,"
+            "        now() - interval '2 days' + g * interval '100 ms'"
+            " FROM generate_series(1, %s) g",
+            (FINISHED + PENDING,),
+        )
+        conn.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), %s)",
+                     (FINISHED + PENDING,))
+        # Skipping the foreign-key triggers (superuser only) makes this three times faster;
+        # every referenced event and destination exists.
+        conn.execute("SET LOCAL session_replication_role = replica")
+        conn.execute(
+            "INSERT INTO finished_deliveries (id, event_id, destination_id, status, attempt,"
+            "                                 next_attempt_at, created_at, completed_at)"
+            " SELECT g, g, 1 + g %% %s,"
+            "        CASE WHEN g %% 100 = 0 THEN 'dead' ELSE 'delivered' END::delivery_status,"
+            "        1, t, t, t + interval '1 s'"
+            " FROM generate_series(1, %s) g,"
+            "      LATERAL (SELECT now() - interval '2 days' + g * interval '100 ms' AS t) ts",
+            (DESTINATIONS, FINISHED),
+        )
+        conn.execute("SET LOCAL session_replication_role = origin")
+        conn.execute("SELECT setval('delivery_id_seq', %s)", (FINISHED,))
+        conn.execute(
+            "INSERT INTO deliveries (event_id, destination_id, attempt, next_attempt_at)"
+            " SELECT %s + g, 1 + g %% %s, CASE WHEN g %% 4 = 0 THEN 2 ELSE 0 END,"
+            "        now() - interval '10 minutes' + g * interval '100 ms'"
+            " FROM generate_series(1, %s) g",
+            (FINISHED, DESTINATIONS, PENDING),
+        )
+    conn.execute("VACUUM (ANALYZE) destinations, events, finished_deliveries, deliveries")
+
+
+@pytest.fixture(scope="module")
+def big_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
+    url = database_factory.create()
+    with psycopg.connect(url, autocommit=True) as conn:
+        fill(conn)
+    yield url
+    database_factory.drop(url)
+
+
+@pytest.fixture
+def tx(big_dsn: str) -> Iterator[psycopg.Connection]:
+    """A connection inside one transaction that is rolled back at the end (the queue
+    functions' own transactions become savepoints in it). No automatic preparing: psycopg
+    deallocates all prepared statements on a rollback, ours included."""
+    with (
+        psycopg.connect(big_dsn, prepare_threshold=None) as connection,
+        connection.transaction(force_rollback=True),
+    ):
+        yield connection
+
+
+def explain(
+    conn: psycopg.Connection, mode: str, statement: bytes, types: str, params: list[object],
+    runs: int = 3,
+) -> Plan:
+    """EXPLAIN ANALYZE a prepared `statement` under `plan_cache_mode = mode`, `runs` times,
+    each in a savepoint rolled back; returns the last run (warm caches)."""
+    conn.execute(sql.SQL("SET LOCAL plan_cache_mode = {}").format(sql.SQL(mode)))
+    conn.execute(
+        sql.SQL("PREPARE measured ({}) AS {}").format(sql.SQL(types), sql.SQL(statement.decode()))
+    )
+    query = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE measured ({})").format(
+        sql.SQL(", ").join(sql.Literal(p) for p in params)
+    )
+    for _ in range(runs):
+        with conn.transaction(force_rollback=True):
+            row = conn.execute(query).fetchone()
+    conn.execute("DEALLOCATE measured")
+    assert row is not None
+    document = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return dict(document[0])
+
+
+def nodes(plan: Plan) -> Iterator[Plan]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from nodes(child)
+
+
+def cte(explained: Plan, name: str) -> Plan:
+    for node in nodes(explained["Plan"]):
+        if node.get("Subplan Name") == f"CTE {name}":
+            return node
+    raise AssertionError(f"no CTE {name} in the plan")
+
+
+def index_scans(plan: Plan, index: str) -> list[Plan]:
+    return [
+        n for n in nodes(plan)
+        if n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Index Scan")
+        and n.get("Index Name") == index
+    ]
+
+
+def seq_scanned(plan: Plan) -> set[str]:
+    return {n["Relation Name"] for n in nodes(plan) if n["Node Type"] == "Seq Scan"}
+
+
+def report(
+    record_property: Any, what: str, mode: str, explained: Plan
+) -> None:
+    ms = float(explained["Execution Time"])
+    record_property(f"{what}_{mode}_execution_ms", ms)
+    print(f"\n{what} ({mode}): execution {ms:.3f} ms, planning {explained['Planning Time']} ms")
+
+
+def claim_all(conn: psycopg.Connection, workers: int, prefix: str) -> list[queue.Claim]:
+    claims: list[queue.Claim] = []
+    for n in range(workers):
+        claims += queue.claim_batch(conn, f"{prefix}{n}", 50, LEASE_MS)
+    return claims
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_claim_scans_the_claimable_index_for_both_branches(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    explained = explain(
+        tx, mode, queries.CLAIM_BATCH, "text, int, int, int", ["plan-test", 50, 12, LEASE_MS]
+    )
+    report(record_property, "claim_batch", mode, explained)
+    plan = explained["Plan"]
+    assert plan["Actual Rows"] == 50
+    for branch, key in (("eligible_first", "= true"), ("eligible_retry", "= false")):
+        node = cte(explained, branch)
+        assert node["Actual Rows"] > 0, f"{branch} claimed nothing: the test data is wrong"
+        assert any(n["Node Type"] == "LockRows" for n in nodes(node)), branch
+        scans = index_scans(node, "deliveries_claimable_idx")
+        assert scans, f"{branch} does not use deliveries_claimable_idx"
+        # The boolean column of the index must be matched, not just the time range.
+        assert key in scans[0]["Index Cond"], (branch, scans[0]["Index Cond"])
+    updated = cte(explained, "claimed")
+    assert index_scans(updated, "deliveries_pkey")
+    touched = seq_scanned(plan)
+    assert not touched & ({"deliveries"} | HISTORY_TABLES), touched
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_record_results_finds_its_rows_by_primary_key(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    # Most of the queue in flight, as under load: 19 workers holding 50 each.
+    claim_all(tx, 18, "busy")
+    mine = queue.claim_batch(tx, "plan-test", 50, LEASE_MS)
+    tx.execute("ANALYZE deliveries")
+    started = tx.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    later = started + dt.timedelta(minutes=5)
+    outcomes = ["delivered", "retry", "dead"]
+    results = [
+        queue.Result(
+            c.id, c.attempt, outcomes[i % 3], started, 12,
+            200 if i % 3 == 0 else 500,
+            None if i % 3 == 0 else "HTTP 500",
+            "ok",
+            later if i % 3 == 1 else None,
+        )
+        for i, c in enumerate(mine)
+    ]
+    params: list[object] = [
+        "plan-test",
+        [r.id for r in results], [r.attempt for r in results], [r.outcome for r in results],
+        [r.next_attempt_at for r in results], [r.started_at for r in results],
+        [r.duration_ms for r in results], [r.status_code for r in results],
+        [r.error for r in results], [r.body for r in results],
+        5, 30_000, 3_600_000,
+    ]
+    types = ("text, bigint[], smallint[], text[], timestamptz[], timestamptz[], int[],"
+             " smallint[], text[], text[], int, int, int")
+    explained = explain(tx, mode, queries.RECORD_RESULTS, types, params)
+    report(record_property, "record_results", mode, explained)
+    assert explained["Plan"]["Actual Rows"] == 1
+    for step in ("finished", "requeued"):
+        node = cte(explained, step)
+        assert node["Actual Rows"] > 0, step
+        assert index_scans(node, "deliveries_pkey"), f"{step} does not use deliveries_pkey"
+    touched = seq_scanned(explained["Plan"])
+    assert not touched & ({"deliveries"} | HISTORY_TABLES), touched
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_reaper_scans_only_in_flight_rows(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    claim_all(tx, 2, "host")
+    tx.execute(
+        "UPDATE deliveries SET locked_until = now() - interval '1 minute'"
+        " WHERE locked_by = 'host0'"
+    )
+    tx.execute("ANALYZE deliveries")
+    explained = explain(
+        tx, mode, queries.RETURN_CLAIMS, "text, bool, text, int, int",
+        [None, True, "lease expired", 10, 1000],
+    )
+    report(record_property, "reap_expired", mode, explained)
+    lost = cte(explained, "lost")
+    assert lost["Actual Rows"] == 50
+    assert any(n["Node Type"] == "LockRows" for n in nodes(lost))
+    assert index_scans(lost, "deliveries_in_flight_idx"), "the reaper reads the whole queue"
+    touched = seq_scanned(explained["Plan"])
+    assert not touched & HISTORY_TABLES, touched
