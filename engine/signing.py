@@ -44,9 +44,7 @@ def sign(secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes) -> st
     )
 
 
-def build_headers(
-    secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes
-) -> list[str]:
+def build_headers(secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes) -> list[str]:
     """curl-style header lines for one delivery attempt."""
     return [
         f"webhook-id: {msg_id}",

@@ -1,0 +1,397 @@
+"""HTTP POSTs for deliveries: one pycurl multi handle driven by an asyncio event loop.
+
+libcurl tells us which sockets to watch (M_SOCKETFUNCTION) and when its next
+timeout is due (M_TIMERFUNCTION); the event loop reports readiness back through
+`socket_action`. No threads, no polling: an idle pool costs nothing, and one
+process keeps hundreds of requests in flight.
+
+Response bodies: the first `max_body` bytes are kept and the rest is read and
+discarded, because aborting a transfer makes libcurl close the connection, and
+keep-alive is worth far more than the bytes saved. A body larger than
+`max_drain` is aborted anyway (the status line is known by then, so the attempt
+still counts as answered): an endless body must not hold a slot until timeout.
+"""
+
+import asyncio
+import errno
+import time
+from email.utils import parsedate_to_datetime
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import msgspec
+import pycurl
+
+from engine.targets import TargetRefused, TargetUnresolvable, resolve_and_check_async
+
+DEFAULT_MAX_BODY = 4096
+DEFAULT_MAX_DRAIN = 1 << 20
+MAX_CONNECT_TIMEOUT_MS = 5000
+
+TLS_ERRORS = frozenset(
+    code
+    for name in (
+        "E_SSL_CONNECT_ERROR",
+        "E_PEER_FAILED_VERIFICATION",
+        "E_SSL_CERTPROBLEM",
+        "E_SSL_CIPHER",
+        "E_SSL_CACERT_BADFILE",
+        "E_SSL_ISSUER_ERROR",
+        "E_SSL_PINNEDPUBKEYNOTMATCH",
+        "E_SSL_INVALIDCERTSTATUS",
+        "E_SSL_CRL_BADFILE",
+        "E_SSL_SHUTDOWN_FAILED",
+        "E_SSL_ENGINE_NOTFOUND",
+        "E_SSL_ENGINE_SETFAILED",
+        "E_SSL_ENGINE_INITFAILED",
+        "E_USE_SSL_FAILED",
+    )
+    if (code := getattr(pycurl, name, None)) is not None
+)
+ERROR_NAMES = {
+    pycurl.E_OPERATION_TIMEDOUT: "timeout",
+    pycurl.E_COULDNT_RESOLVE_HOST: "dns",
+    pycurl.E_SEND_ERROR: "send",
+    pycurl.E_RECV_ERROR: "recv",
+    pycurl.E_GOT_NOTHING: "recv",
+    pycurl.E_PARTIAL_FILE: "recv",
+    pycurl.E_TOO_MANY_REDIRECTS: "too_many_redirects",
+} | {code: "tls" for code in TLS_ERRORS}
+
+
+class HttpResult(msgspec.Struct):
+    """The outcome of one POST. `status_code` may be set together with `error`
+    (e.g. a timeout while reading the body): only `ok` means delivered."""
+
+    status_code: int | None
+    body: bytes
+    error: str | None
+    duration_ms: float
+    retry_after: float | None
+    started_at: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status_code is not None and 200 <= self.status_code < 300
+
+
+def classify_error(code: int, message: str, os_errno: int) -> str:
+    """Short, stable error text for attempt history and metrics."""
+    if code == pycurl.E_COULDNT_CONNECT:
+        return "connect_refused" if os_errno == errno.ECONNREFUSED else "connect"
+    name = ERROR_NAMES.get(code)
+    return name if name is not None else f"curl:{code} {message}"
+
+
+def parse_retry_after(value: bytes, now: float) -> float | None:
+    """Seconds to wait from a Retry-After value (delta-seconds or HTTP-date), or None."""
+    text = value.decode("latin-1").strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is GMT even when it fails to say so
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+@lru_cache(maxsize=4096)
+def _resolve_entry(url: str, pin: str) -> list[str]:
+    """The CURLOPT_RESOLVE list that makes curl connect to `pin` for this URL's host."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    address = f"[{pin}]" if ":" in pin else pin
+    return [f"{host}:{port}:{address}"]
+
+
+class _Transfer:
+    """One reusable easy handle and the state of the request it is carrying."""
+
+    __slots__ = (
+        "body",
+        "curl",
+        "drain_aborted",
+        "future",
+        "max_body",
+        "max_drain",
+        "received",
+        "retry_after",
+        "started_at",
+        "started_mono",
+    )
+
+    def __init__(self, max_body: int, max_drain: int) -> None:
+        self.max_body = max_body
+        self.max_drain = max_drain
+        self.body = bytearray()
+        self.received = 0
+        self.drain_aborted = False
+        self.retry_after: bytes | None = None
+        self.future: asyncio.Future[HttpResult] | None = None
+        self.started_at = 0.0
+        self.started_mono = 0.0
+        curl = pycurl.Curl()
+        # Options that never change are set once; per-request ones in CurlPool.post.
+        curl.setopt(pycurl.NOSIGNAL, 1)
+        curl.setopt(pycurl.FOLLOWLOCATION, 0)
+        curl.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
+        curl.setopt(pycurl.REDIR_PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
+        curl.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
+        curl.setopt(pycurl.TCP_NODELAY, 1)
+        curl.setopt(pycurl.POST, 1)
+        curl.setopt(pycurl.WRITEFUNCTION, self._on_body)
+        curl.setopt(pycurl.HEADERFUNCTION, self._on_header)
+        self.curl = curl
+
+    def start(self, future: asyncio.Future[HttpResult]) -> None:
+        self.body.clear()
+        self.received = 0
+        self.drain_aborted = False
+        self.retry_after = None
+        self.future = future
+        self.started_at = time.time()
+        self.started_mono = time.monotonic()
+
+    def _on_body(self, chunk: bytes) -> int | None:
+        self.received += len(chunk)
+        room = self.max_body - len(self.body)
+        if room > 0:
+            self.body += chunk[:room]
+        elif self.received > self.max_drain:
+            self.drain_aborted = True
+            return 0  # abort: libcurl reports E_WRITE_ERROR
+        return None
+
+    def _on_header(self, line: bytes) -> None:
+        if line[:12].lower() == b"retry-after:":
+            self.retry_after = line[12:]
+
+    def result(self, code: int, message: str) -> HttpResult:
+        curl = self.curl
+        status = curl.getinfo(pycurl.RESPONSE_CODE) or None
+        if code == 0 or (code == pycurl.E_WRITE_ERROR and self.drain_aborted):
+            error = None
+        else:
+            error = classify_error(code, message, curl.getinfo(pycurl.OS_ERRNO))
+        return HttpResult(
+            status_code=status,
+            body=bytes(self.body),
+            error=error,
+            duration_ms=(time.monotonic() - self.started_mono) * 1000.0,
+            retry_after=(
+                None
+                if self.retry_after is None
+                else parse_retry_after(self.retry_after, self.started_at)
+            ),
+            started_at=self.started_at,
+        )
+
+
+class CurlPool:
+    """Concurrent HTTP/1.1 POSTs over one CurlMulti, driven by the running event loop.
+
+    Create it inside the loop that will use it. Easy handles are recycled so that
+    the multi handle's connection cache keeps connections alive across requests.
+    """
+
+    def __init__(
+        self,
+        max_connects: int = 512,
+        max_host_connections: int = 0,
+        max_body: int = DEFAULT_MAX_BODY,
+        max_drain: int = DEFAULT_MAX_DRAIN,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._max_body = max_body
+        self._max_drain = max_drain
+        self._multi = pycurl.CurlMulti()
+        self._multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
+        self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
+        self._multi.setopt(pycurl.M_MAXCONNECTS, max_connects)
+        self._multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, max_host_connections)
+        self._free: list[_Transfer] = []
+        self._active: dict[pycurl.Curl, _Transfer] = {}
+        self._watched: dict[int, int] = {}  # fd -> POLL_* currently registered
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._timer_immediate = False
+        self._closed = False
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._active)
+
+    async def post(
+        self,
+        url: str,
+        headers: list[str],
+        body: bytes,
+        timeout_ms: int,
+        pin: str | None = None,
+    ) -> HttpResult:
+        """POST `body` to `url`; with `pin`, connect to that address whatever DNS says."""
+        if self._closed:
+            raise RuntimeError("CurlPool is closed")
+        transfer = self._free.pop() if self._free else _Transfer(self._max_body, self._max_drain)
+        curl = transfer.curl
+        curl.setopt(pycurl.URL, url)
+        curl.setopt(pycurl.HTTPHEADER, headers)
+        curl.setopt(pycurl.POSTFIELDSIZE, len(body))
+        curl.setopt(pycurl.POSTFIELDS, body)
+        curl.setopt(pycurl.TIMEOUT_MS, timeout_ms)
+        curl.setopt(pycurl.CONNECTTIMEOUT_MS, min(timeout_ms, MAX_CONNECT_TIMEOUT_MS))
+        # Entries land in the multi's shared DNS cache; a later unpinned request to the
+        # same host:port may use them too, which only ever points at a checked address.
+        curl.setopt(pycurl.RESOLVE, [] if pin is None else _resolve_entry(url, pin))
+        future = self._loop.create_future()
+        transfer.start(future)
+        self._active[curl] = transfer
+        self._multi.add_handle(curl)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._active.get(curl) is transfer:
+                self._release(transfer)
+            raise
+
+    async def post_checked(
+        self,
+        url: str,
+        headers: list[str],
+        body: bytes,
+        timeout_ms: int,
+        allow_private: bool,
+    ) -> HttpResult:
+        """`post` after the connect-time target check; a refused or unresolvable
+        target becomes a failed result (`refused_target` / `dns`), not an exception."""
+        pin = None
+        if not allow_private:
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            started_at = time.time()
+            try:
+                pin = await resolve_and_check_async(parts.hostname or "", port, allow_private)
+            except (TargetRefused, TargetUnresolvable) as exc:
+                return HttpResult(
+                    status_code=None,
+                    body=b"",
+                    error="dns" if isinstance(exc, TargetUnresolvable) else "refused_target",
+                    duration_ms=(time.time() - started_at) * 1000.0,
+                    retry_after=None,
+                    started_at=started_at,
+                )
+        return await self.post(url, headers, body, timeout_ms, pin)
+
+    async def close(self) -> None:
+        """Cancel what is in flight and free every handle and socket watch."""
+        if self._closed:
+            return
+        self._closed = True
+        for transfer in list(self._active.values()):
+            future = transfer.future
+            self._release(transfer)
+            if future is not None and not future.done():
+                future.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for fd in list(self._watched):
+            self._loop.remove_reader(fd)
+            self._loop.remove_writer(fd)
+        self._watched.clear()
+        for transfer in self._free:
+            transfer.curl.close()
+        self._free.clear()
+        self._multi.close()
+
+    def _release(self, transfer: _Transfer) -> None:
+        curl = transfer.curl
+        del self._active[curl]
+        self._multi.remove_handle(curl)
+        transfer.future = None
+        if self._closed:
+            curl.close()
+        else:
+            self._free.append(transfer)
+
+    # libcurl callbacks. They must not raise and must not call back into the multi.
+
+    def _on_socket(self, what: int, fd: int, multi: pycurl.CurlMulti, socketp: object) -> None:
+        previous = self._watched.get(fd, pycurl.POLL_NONE)
+        if what == pycurl.POLL_REMOVE:
+            what = pycurl.POLL_NONE
+        if what == previous:
+            return
+        loop = self._loop
+        wants_read = what in (pycurl.POLL_IN, pycurl.POLL_INOUT)
+        wants_write = what in (pycurl.POLL_OUT, pycurl.POLL_INOUT)
+        had_read = previous in (pycurl.POLL_IN, pycurl.POLL_INOUT)
+        had_write = previous in (pycurl.POLL_OUT, pycurl.POLL_INOUT)
+        if wants_read and not had_read:
+            loop.add_reader(fd, self._on_readable, fd)
+        elif had_read and not wants_read:
+            loop.remove_reader(fd)
+        if wants_write and not had_write:
+            loop.add_writer(fd, self._on_writable, fd)
+        elif had_write and not wants_write:
+            loop.remove_writer(fd)
+        if what == pycurl.POLL_NONE:
+            del self._watched[fd]
+        else:
+            self._watched[fd] = what
+
+    def _on_timer(self, timeout_ms: int) -> None:
+        # add_handle asks for an immediate timeout once per new request; one pending
+        # call_soon serves them all.
+        if timeout_ms == 0 and self._timer_immediate:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_immediate = timeout_ms == 0
+        if timeout_ms == 0:
+            self._timer = self._loop.call_soon(self._on_timeout)
+        elif timeout_ms > 0:
+            self._timer = self._loop.call_later(timeout_ms / 1000.0, self._on_timeout)
+
+    # Event loop callbacks: hand readiness to libcurl, then collect finished transfers.
+
+    def _on_readable(self, fd: int) -> None:
+        self._act(fd, pycurl.CSELECT_IN)
+
+    def _on_writable(self, fd: int) -> None:
+        self._act(fd, pycurl.CSELECT_OUT)
+
+    def _on_timeout(self) -> None:
+        self._timer = None
+        self._timer_immediate = False
+        self._act(pycurl.SOCKET_TIMEOUT, 0)
+
+    def _act(self, fd: int, events: int) -> None:
+        if self._closed:
+            return
+        _, running = self._multi.socket_action(fd, events)
+        if running < len(self._active):
+            self._collect()
+
+    def _collect(self) -> None:
+        while True:
+            queued, succeeded, failed = self._multi.info_read()
+            for curl in succeeded:
+                self._finish(curl, 0, "")
+            for curl, code, message in failed:
+                self._finish(curl, code, message)
+            if not queued:
+                return
+
+    def _finish(self, curl: pycurl.Curl, code: int, message: str) -> None:
+        transfer = self._active.get(curl)
+        if transfer is None:
+            return
+        future = transfer.future
+        result = transfer.result(code, message)
+        self._release(transfer)
+        if future is not None and not future.done():
+            future.set_result(result)

@@ -1,0 +1,231 @@
+import asyncio
+import email.utils
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+import pycurl
+import pytest
+import uvloop
+
+from engine.http_client import (
+    CurlPool,
+    HttpResult,
+    classify_error,
+    parse_retry_after,
+)
+from tests.httpserver_helpers import (
+    BIG_BODY,
+    ScriptedServer,
+    assert_loopback,
+    closed_port,
+    scripted_server,
+)
+
+HEADERS = ["content-type: application/json", "Expect:"]
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with scripted_server() as running:
+        yield running
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Callable[[Callable[[CurlPool], Awaitable]], object]:
+    """Run a coroutine taking a fresh CurlPool, on asyncio's loop and on uvloop."""
+
+    def runner(body: Callable[[CurlPool], Awaitable]) -> object:
+        async def main() -> object:
+            pool = CurlPool()
+            try:
+                return await body(pool)
+            finally:
+                await pool.close()
+
+        if request.param == "uvloop":
+            return uvloop.run(main())
+        return asyncio.run(main())
+
+    return runner
+
+
+async def post(pool: CurlPool, url: str, timeout_ms: int = 5000, **kwargs: object) -> HttpResult:
+    return await pool.post(assert_loopback(url), HEADERS, b'{"n":1}', timeout_ms, **kwargs)
+
+
+def test_200_body_capped(server: ScriptedServer, run) -> None:
+    result = run(lambda pool: post(pool, f"{server.base_url}/big"))
+    assert result.status_code == 200
+    assert result.error is None and result.ok
+    assert result.body == BIG_BODY[:4096]
+    assert result.retry_after is None
+    assert 0 < result.duration_ms < 5000
+    assert abs(result.started_at - time.time()) < 60
+
+
+def test_request_reaches_server_intact(server: ScriptedServer, run) -> None:
+    body = b'{"payload": "\xc3\xa9", "pad": "' + b"p" * 5000 + b'"}'
+    headers = ["webhook-id: evt_1", "content-type: application/json", "Expect:"]
+    result = run(lambda pool: pool.post(f"{server.base_url}/ok", headers, body, 5000))
+    assert result.status_code == 200 and result.body == b"{}"
+    [(path, received_headers, received_body)] = server.requests
+    assert path == "/ok"
+    assert received_body == body
+    assert received_headers["webhook-id"] == "evt_1"
+    assert "Expect" not in received_headers
+
+
+def test_body_over_cap_is_drained_keeping_the_connection(server: ScriptedServer, run) -> None:
+    async def big_then_small(pool: CurlPool) -> list[HttpResult]:
+        return [await post(pool, f"{server.base_url}/{path}") for path in ("big", "ok")]
+
+    big, small = run(big_then_small)
+    assert big.ok and big.body == BIG_BODY[:4096]
+    assert small.ok
+    assert server.connections == 1
+
+
+def test_body_over_drain_limit_is_aborted_but_answered(server: ScriptedServer) -> None:
+    async def main() -> list[HttpResult]:
+        pool = CurlPool(max_body=10, max_drain=50_000)
+        try:
+            return [await post(pool, f"{server.base_url}/{path}") for path in ("big", "ok")]
+        finally:
+            await pool.close()
+
+    big, small = asyncio.run(main())
+    assert big.status_code == 200 and big.error is None
+    assert big.body == b"x" * 10
+    assert small.ok
+    # the aborted transfer took its connection with it
+    assert server.connections == 2
+
+
+def test_500(server: ScriptedServer, run) -> None:
+    result = run(lambda pool: post(pool, f"{server.base_url}/status/500"))
+    assert result.status_code == 500
+    assert result.body == b"status body"
+    assert result.error is None and not result.ok
+
+
+def test_410(server: ScriptedServer, run) -> None:
+    assert run(lambda pool: post(pool, f"{server.base_url}/status/410")).status_code == 410
+
+
+def test_hang_times_out(server: ScriptedServer, run) -> None:
+    started = time.monotonic()
+    result = run(lambda pool: post(pool, f"{server.base_url}/hang", timeout_ms=300))
+    elapsed = time.monotonic() - started
+    assert result.error == "timeout"
+    assert result.status_code is None and not result.ok
+    assert 0.25 <= elapsed < 3.0
+
+
+def test_connection_refused(run) -> None:
+    result = run(lambda pool: post(pool, f"http://127.0.0.1:{closed_port()}/"))
+    assert result.error == "connect_refused"
+    assert result.status_code is None
+
+
+def test_redirect_not_followed(server: ScriptedServer, run) -> None:
+    result = run(lambda pool: post(pool, f"{server.base_url}/redirect"))
+    assert result.status_code == 302
+    assert [path for path, _, _ in server.requests] == ["/redirect"]
+
+
+def test_retry_after_seconds(server: ScriptedServer, run) -> None:
+    result = run(lambda pool: post(pool, f"{server.base_url}/retry-after/120"))
+    assert result.status_code == 429
+    assert result.retry_after == 120.0
+
+
+def test_retry_after_http_date(server: ScriptedServer, run) -> None:
+    result = run(lambda pool: post(pool, f"{server.base_url}/retry-after-date"))
+    assert result.status_code == 503
+    assert result.retry_after is not None and 100 < result.retry_after <= 121
+
+
+def test_parse_retry_after() -> None:
+    now = time.time()
+    assert parse_retry_after(b" 30\r\n", now) == 30.0
+    assert parse_retry_after(b"0", now) == 0.0
+    assert parse_retry_after(b"soon", now) is None
+    assert parse_retry_after(b"-5", now) is None
+    past = email.utils.formatdate(now - 3600, usegmt=True).encode()
+    assert parse_retry_after(past, now) == 0.0
+    future = email.utils.formatdate(now + 90, usegmt=True).encode()
+    assert 88 < parse_retry_after(future, now) <= 91
+
+
+def test_classify_error() -> None:
+    assert classify_error(pycurl.E_OPERATION_TIMEDOUT, "x", 0) == "timeout"
+    assert classify_error(pycurl.E_COULDNT_RESOLVE_HOST, "x", 0) == "dns"
+    assert classify_error(pycurl.E_COULDNT_CONNECT, "x", 111) == "connect_refused"
+    assert classify_error(pycurl.E_COULDNT_CONNECT, "x", 113) == "connect"
+    assert classify_error(pycurl.E_SSL_CONNECT_ERROR, "x", 0) == "tls"
+    assert classify_error(pycurl.E_PEER_FAILED_VERIFICATION, "x", 0) == "tls"
+    assert classify_error(pycurl.E_SEND_ERROR, "x", 0) == "send"
+    assert classify_error(pycurl.E_RECV_ERROR, "x", 0) == "recv"
+    assert classify_error(pycurl.E_URL_MALFORMAT, "bad url", 0) == "curl:3 bad url"
+
+
+def test_concurrent_slow_requests(server: ScriptedServer, run) -> None:
+    async def burst(pool: CurlPool) -> tuple[list[HttpResult], float, int]:
+        started = time.monotonic()
+        tasks = [asyncio.ensure_future(post(pool, f"{server.base_url}/slow")) for _ in range(300)]
+        await asyncio.sleep(0.05)
+        peak = pool.in_flight
+        results = await asyncio.gather(*tasks)
+        return results, time.monotonic() - started, peak
+
+    results, elapsed, peak = run(burst)
+    assert all(r.status_code == 200 for r in results), {r.error for r in results}
+    assert peak > 100
+    # serially this would take 300 x 0.2 s = 60 s
+    assert elapsed < 5.0
+
+
+def test_connections_reused(server: ScriptedServer, run) -> None:
+    async def sequential(pool: CurlPool) -> list[HttpResult]:
+        return [await post(pool, f"{server.base_url}/ok") for _ in range(200)]
+
+    results = run(sequential)
+    assert all(r.status_code == 200 for r in results)
+    assert len(server.requests) == 200
+    assert server.connections <= 3
+
+
+def test_pin_reaches_server(server: ScriptedServer, run) -> None:
+    port = server.server_address[1]
+    url = f"http://pinned.invalid:{port}/ok"
+    result = run(lambda pool: post(pool, url, pin="127.0.0.1"))
+    assert result.status_code == 200, result.error
+    [(_, headers, _)] = server.requests
+    assert headers["Host"] == f"pinned.invalid:{port}"
+
+
+def test_cancelled_post_frees_the_handle(server: ScriptedServer, run) -> None:
+    async def cancel_then_post(pool: CurlPool) -> HttpResult:
+        hanging = asyncio.ensure_future(post(pool, f"{server.base_url}/hang"))
+        await asyncio.sleep(0.1)
+        assert pool.in_flight == 1
+        hanging.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await hanging
+        assert pool.in_flight == 0
+        return await post(pool, f"{server.base_url}/ok")
+
+    assert run(cancel_then_post).status_code == 200
+
+
+def test_post_checked_refuses_private_target(server: ScriptedServer, run) -> None:
+    async def checked(pool: CurlPool) -> tuple[HttpResult, HttpResult]:
+        url = f"{server.base_url}/ok"
+        refused = await pool.post_checked(url, HEADERS, b"{}", 5000, allow_private=False)
+        allowed = await pool.post_checked(url, HEADERS, b"{}", 5000, allow_private=True)
+        return refused, allowed
+
+    refused, allowed = run(checked)
+    assert refused.error == "refused_target" and refused.status_code is None
+    assert allowed.status_code == 200
+    assert len(server.requests) == 1
