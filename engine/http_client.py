@@ -15,7 +15,6 @@ still counts as answered): an endless body must not hold a slot until timeout.
 import asyncio
 import errno
 import time
-from email.utils import parsedate_to_datetime
 from functools import lru_cache
 from urllib.parse import urlsplit
 
@@ -83,20 +82,6 @@ def classify_error(code: int, message: str, os_errno: int) -> str:
     return name if name is not None else f"curl:{code} {message}"
 
 
-def parse_retry_after(value: bytes, now: float) -> float | None:
-    """Seconds to wait from a Retry-After value (delta-seconds or HTTP-date), or None."""
-    text = value.decode("latin-1").strip()
-    if text.isdigit():
-        return float(text)
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # an HTTP-date is GMT even when it fails to say so
-        return None
-    return max(0.0, when.timestamp() - now)
-
-
 @lru_cache(maxsize=4096)
 def _resolve_entry(url: str, pin: str) -> list[str]:
     """The CURLOPT_RESOLVE list that makes curl connect to `pin` for this URL's host."""
@@ -118,7 +103,6 @@ class _Transfer:
         "max_body",
         "max_drain",
         "received",
-        "retry_after",
         "started_at",
         "started_mono",
     )
@@ -129,7 +113,6 @@ class _Transfer:
         self.body = bytearray()
         self.received = 0
         self.drain_aborted = False
-        self.retry_after: bytes | None = None
         self.future: asyncio.Future[HttpResult] | None = None
         self.started_at = 0.0
         self.started_mono = 0.0
@@ -143,14 +126,12 @@ class _Transfer:
         curl.setopt(pycurl.TCP_NODELAY, 1)
         curl.setopt(pycurl.POST, 1)
         curl.setopt(pycurl.WRITEFUNCTION, self._on_body)
-        curl.setopt(pycurl.HEADERFUNCTION, self._on_header)
         self.curl = curl
 
     def start(self, future: asyncio.Future[HttpResult]) -> None:
         self.body.clear()
         self.received = 0
         self.drain_aborted = False
-        self.retry_after = None
         self.future = future
         self.started_at = time.time()
         self.started_mono = time.monotonic()
@@ -165,10 +146,6 @@ class _Transfer:
             return 0  # abort: libcurl reports E_WRITE_ERROR
         return None
 
-    def _on_header(self, line: bytes) -> None:
-        if line[:12].lower() == b"retry-after:":
-            self.retry_after = line[12:]
-
     def result(self, code: int, message: str) -> HttpResult:
         curl = self.curl
         status = curl.getinfo(pycurl.RESPONSE_CODE) or None
@@ -181,10 +158,10 @@ class _Transfer:
             body=bytes(self.body),
             error=error,
             duration_ms=(time.monotonic() - self.started_mono) * 1000.0,
+            # libcurl parses Retry-After (seconds or HTTP-date, capped at 6 h), which
+            # spares a Python header callback per line of every response; 0 = none.
             retry_after=(
-                None
-                if self.retry_after is None
-                else parse_retry_after(self.retry_after, self.started_at)
+                None if status is None or status < 300 else curl.getinfo(pycurl.RETRY_AFTER) or None
             ),
             started_at=self.started_at,
         )
@@ -216,7 +193,7 @@ class CurlPool:
         self._active: dict[pycurl.Curl, _Transfer] = {}
         self._watched: dict[int, int] = {}  # fd -> POLL_* currently registered
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
-        self._timer_immediate = False
+        self._timer_due = 0.0
         self._closed = False
 
     @property
@@ -294,9 +271,7 @@ class CurlPool:
             self._release(transfer)
             if future is not None and not future.done():
                 future.cancel()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_timer()
         for fd in list(self._watched):
             self._loop.remove_reader(fd)
             self._loop.remove_writer(fd)
@@ -319,42 +294,49 @@ class CurlPool:
     # libcurl callbacks. They must not raise and must not call back into the multi.
 
     def _on_socket(self, what: int, fd: int, multi: pycurl.CurlMulti, socketp: object) -> None:
-        previous = self._watched.get(fd, pycurl.POLL_NONE)
-        if what == pycurl.POLL_REMOVE:
-            what = pycurl.POLL_NONE
-        if what == previous:
+        # POLL_IN = 1 and POLL_OUT = 2 are bits (POLL_INOUT = 3); POLL_REMOVE = 4 means none.
+        wanted = what & pycurl.POLL_INOUT
+        watched = self._watched.get(fd, 0)
+        changed = wanted ^ watched
+        if not changed:
             return
         loop = self._loop
-        wants_read = what in (pycurl.POLL_IN, pycurl.POLL_INOUT)
-        wants_write = what in (pycurl.POLL_OUT, pycurl.POLL_INOUT)
-        had_read = previous in (pycurl.POLL_IN, pycurl.POLL_INOUT)
-        had_write = previous in (pycurl.POLL_OUT, pycurl.POLL_INOUT)
-        if wants_read and not had_read:
-            loop.add_reader(fd, self._on_readable, fd)
-        elif had_read and not wants_read:
-            loop.remove_reader(fd)
-        if wants_write and not had_write:
-            loop.add_writer(fd, self._on_writable, fd)
-        elif had_write and not wants_write:
-            loop.remove_writer(fd)
-        if what == pycurl.POLL_NONE:
-            del self._watched[fd]
+        if changed & pycurl.POLL_IN:
+            if wanted & pycurl.POLL_IN:
+                loop.add_reader(fd, self._on_readable, fd)
+            else:
+                loop.remove_reader(fd)
+        if changed & pycurl.POLL_OUT:
+            if wanted & pycurl.POLL_OUT:
+                loop.add_writer(fd, self._on_writable, fd)
+            else:
+                loop.remove_writer(fd)
+        if wanted:
+            self._watched[fd] = wanted
         else:
-            self._watched[fd] = what
+            del self._watched[fd]
 
     def _on_timer(self, timeout_ms: int) -> None:
-        # add_handle asks for an immediate timeout once per new request; one pending
-        # call_soon serves them all.
-        if timeout_ms == 0 and self._timer_immediate:
+        if timeout_ms < 0:
+            self._cancel_timer()
             return
+        due = self._loop.time() + timeout_ms / 1000.0
+        # curl moves its deadline at nearly every request start and finish. Keeping an
+        # earlier wake-up instead of rescheduling is cheap: _on_timeout asks curl for
+        # the real deadline when it fires early.
+        if self._timer is not None and self._timer_due <= due:
+            return
+        self._cancel_timer()
+        self._timer_due = due
+        if timeout_ms == 0:
+            self._timer = self._loop.call_soon(self._on_timeout)
+        else:
+            self._timer = self._loop.call_at(due, self._on_timeout)
+
+    def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._timer_immediate = timeout_ms == 0
-        if timeout_ms == 0:
-            self._timer = self._loop.call_soon(self._on_timeout)
-        elif timeout_ms > 0:
-            self._timer = self._loop.call_later(timeout_ms / 1000.0, self._on_timeout)
 
     # Event loop callbacks: hand readiness to libcurl, then collect finished transfers.
 
@@ -366,8 +348,11 @@ class CurlPool:
 
     def _on_timeout(self) -> None:
         self._timer = None
-        self._timer_immediate = False
         self._act(pycurl.SOCKET_TIMEOUT, 0)
+        if self._timer is None and not self._closed:
+            next_ms = self._multi.timeout()
+            if next_ms >= 0:
+                self._on_timer(next_ms)
 
     def _act(self, fd: int, events: int) -> None:
         if self._closed:

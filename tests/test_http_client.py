@@ -1,5 +1,4 @@
 import asyncio
-import email.utils
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -11,7 +10,6 @@ from engine.http_client import (
     CurlPool,
     HttpResult,
     classify_error,
-    parse_retry_after,
 )
 from tests.httpserver_helpers import (
     BIG_BODY,
@@ -145,16 +143,17 @@ def test_retry_after_http_date(server: ScriptedServer, run) -> None:
     assert result.retry_after is not None and 100 < result.retry_after <= 121
 
 
-def test_parse_retry_after() -> None:
-    now = time.time()
-    assert parse_retry_after(b" 30\r\n", now) == 30.0
-    assert parse_retry_after(b"0", now) == 0.0
-    assert parse_retry_after(b"soon", now) is None
-    assert parse_retry_after(b"-5", now) is None
-    past = email.utils.formatdate(now - 3600, usegmt=True).encode()
-    assert parse_retry_after(past, now) == 0.0
-    future = email.utils.formatdate(now + 90, usegmt=True).encode()
-    assert 88 < parse_retry_after(future, now) <= 91
+def test_retry_after_zero_and_huge(server: ScriptedServer, run) -> None:
+    async def both(pool: CurlPool) -> list[HttpResult]:
+        return [await post(pool, f"{server.base_url}/retry-after/{n}") for n in (0, 10**9)]
+
+    zero, huge = run(both)
+    assert zero.status_code == 429 and zero.retry_after is None
+    assert huge.retry_after is not None and 0 < huge.retry_after <= 6 * 3600
+
+
+def test_no_retry_after_on_success(server: ScriptedServer, run) -> None:
+    assert run(lambda pool: post(pool, f"{server.base_url}/ok")).retry_after is None
 
 
 def test_classify_error() -> None:
@@ -229,3 +228,16 @@ def test_post_checked_refuses_private_target(server: ScriptedServer, run) -> Non
     assert refused.error == "refused_target" and refused.status_code is None
     assert allowed.status_code == 200
     assert len(server.requests) == 1
+
+
+def test_timeout_fires_after_an_earlier_deadline_went_away(server: ScriptedServer, run) -> None:
+    async def quick_and_hanging(pool: CurlPool) -> tuple[HttpResult, HttpResult, float]:
+        started = time.monotonic()
+        hanging = asyncio.ensure_future(post(pool, f"{server.base_url}/hang", timeout_ms=600))
+        quick = await post(pool, f"{server.base_url}/ok", timeout_ms=200)
+        return quick, await hanging, time.monotonic() - started
+
+    quick, hung, elapsed = run(quick_and_hanging)
+    assert quick.ok
+    assert hung.error == "timeout"
+    assert 0.55 <= elapsed < 3.0
