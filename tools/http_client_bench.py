@@ -1,6 +1,8 @@
 """Throughput of CurlPool against a loopback Node server that answers 200 `{}`.
 
-    python tools/http_client_bench.py [--concurrency 512] [--seconds 5] [--loop uvloop]
+From the repository root:
+
+    python -m tools.http_client_bench [--concurrency 512] [--seconds 5] [--loop uvloop]
 
 Prints one JSON line: POSTs/s and CPU microseconds per POST of this process
 (libcurl runs in-process, so that is the whole client cost).
@@ -11,16 +13,12 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import uvloop
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from engine.http_client import CurlPool  # noqa: E402
-from engine.signing import build_headers, generate_secret  # noqa: E402
+from engine.http_client import CurlPool
+from engine.signing import build_headers, generate_secret
 
 NODE_SERVER = """
 const http = require('http');
