@@ -21,7 +21,12 @@ from urllib.parse import urlsplit
 import msgspec
 import pycurl
 
-from engine.targets import TargetRefused, TargetUnresolvable, resolve_and_check_async
+from engine.targets import (
+    TargetRefused,
+    TargetUnresolvable,
+    check_host,
+    resolve_and_check_async,
+)
 
 DEFAULT_MAX_BODY = 4096
 DEFAULT_MAX_DRAIN = 1 << 20
@@ -83,11 +88,14 @@ def classify_error(code: int, message: str, os_errno: int) -> str:
 
 
 @lru_cache(maxsize=4096)
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+
+
 def _resolve_entry(url: str, pin: str) -> list[str]:
     """The CURLOPT_RESOLVE list that makes curl connect to `pin` for this URL's host."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host, port = _host_port(url)
     address = f"[{pin}]" if ":" in pin else pin
     return [f"{host}:{port}:{address}"]
 
@@ -243,22 +251,25 @@ class CurlPool:
     ) -> HttpResult:
         """`post` after the connect-time target check; a refused or unresolvable
         target becomes a failed result (`refused_target` / `dns`), not an exception."""
-        pin = None
-        if not allow_private:
-            parts = urlsplit(url)
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            started_at = time.time()
-            try:
-                pin = await resolve_and_check_async(parts.hostname or "", port, allow_private)
-            except (TargetRefused, TargetUnresolvable) as exc:
-                return HttpResult(
-                    status_code=None,
-                    body=b"",
-                    error="dns" if isinstance(exc, TargetUnresolvable) else "refused_target",
-                    duration_ms=(time.time() - started_at) * 1000.0,
-                    retry_after=None,
-                    started_at=started_at,
-                )
+        if allow_private:
+            return await self.post(url, headers, body, timeout_ms)
+        host, port = _host_port(url)
+        started_at = time.time()
+        try:
+            # An IP literal involves no DNS, so there is nothing to pin: check it as is.
+            if check_host(host, allow_private) is None:
+                pin = await resolve_and_check_async(host, port, allow_private)
+            else:
+                pin = None
+        except (TargetRefused, TargetUnresolvable) as exc:
+            return HttpResult(
+                status_code=None,
+                body=b"",
+                error="dns" if isinstance(exc, TargetUnresolvable) else "refused_target",
+                duration_ms=(time.time() - started_at) * 1000.0,
+                retry_after=None,
+                started_at=started_at,
+            )
         return await self.post(url, headers, body, timeout_ms, pin)
 
     async def close(self) -> None:

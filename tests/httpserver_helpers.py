@@ -32,8 +32,9 @@ class ScriptedServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # hundreds of concurrent connects must not hit SYN drops
 
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), ScriptedHandler)
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        super().__init__((host, 0), ScriptedHandler)
         self.connections = 0
         self.requests: list[tuple[str, dict[str, str], bytes]] = []
         self.lock = threading.Lock()
@@ -46,7 +47,8 @@ class ScriptedServer(ThreadingHTTPServer):
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        host, port = self.server_address[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 class ScriptedHandler(BaseHTTPRequestHandler):
@@ -91,8 +93,8 @@ class ScriptedHandler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def scripted_server() -> Iterator[ScriptedServer]:
-    server = ScriptedServer()
+def scripted_server(host: str = "127.0.0.1") -> Iterator[ScriptedServer]:
+    server = ScriptedServer(host)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
     try:
