@@ -2,7 +2,7 @@
 
 libcurl tells us which sockets to watch (M_SOCKETFUNCTION) and when its next
 timeout is due (M_TIMERFUNCTION); the event loop reports readiness back through
-`socket_action`. No threads, no polling: an idle pool costs nothing, and one
+`socket_action`. No thread per request, no polling: an idle pool costs nothing, and one
 process keeps hundreds of requests in flight.
 
 Response bodies: the first `max_body` bytes are kept and the rest is read and
