@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
-from psycopg import Connection, RawCursor
+from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor
 
 from engine import queries
 
@@ -26,6 +26,15 @@ def _run(conn: Connection, statement: bytes, params: Sequence[object]) -> RawCur
     """Execute one of our .sql files: they use PostgreSQL's own $n placeholders."""
     cursor = RawCursor(conn)
     cursor.execute(statement, params)
+    return cursor
+
+
+async def _run_async(
+    conn: AsyncConnection, statement: bytes, params: Sequence[object]
+) -> AsyncRawCursor:
+    """`_run` for the asyncio side (ingress): the same statements and parameters."""
+    cursor = AsyncRawCursor(conn)
+    await cursor.execute(statement, params)
     return cursor
 
 
@@ -178,16 +187,14 @@ def replay_dead(
             return total
 
 
-def enqueue_events(conn: Connection, events: Sequence[EventIn]) -> list[tuple[int | None, int]]:
-    """Insert events and their deliveries in one statement, inside the caller's transaction.
-    Returns (event id, delivery count) per event; id None where the idempotency key exists."""
+def _enqueue_params(events: Sequence[EventIn]) -> tuple[list[object], ...]:
     target_ord: list[int] = []
     target_dest: list[int] = []
     for position, event in enumerate(events, start=1):
         for destination_id in event.destination_ids or ():
             target_ord.append(position)
             target_dest.append(destination_id)
-    params = (
+    return (
         [e.type for e in events],
         [e.payload for e in events],
         [e.ordering_key for e in events],
@@ -197,5 +204,52 @@ def enqueue_events(conn: Connection, events: Sequence[EventIn]) -> list[tuple[in
         target_ord,
         target_dest,
     )
-    rows = _run(conn, queries.ENQUEUE_EVENTS, params).fetchall()
+
+
+def _enqueue_answers(rows: Sequence[tuple]) -> list[tuple[int | None, int]]:
     return [(row[1], int(row[2]) if row[2] is not None else 0) for row in rows]
+
+
+def enqueue_events(conn: Connection, events: Sequence[EventIn]) -> list[tuple[int | None, int]]:
+    """Insert events and their deliveries in one statement, inside the caller's transaction.
+    Returns (event id, delivery count) per event; id None where the idempotency key exists."""
+    rows = _run(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events)).fetchall()
+    return _enqueue_answers(rows)
+
+
+async def enqueue_events_async(
+    conn: AsyncConnection, events: Sequence[EventIn]
+) -> list[tuple[int | None, int]]:
+    """`enqueue_events` on an asyncio connection, inside the caller's transaction."""
+    cursor = await _run_async(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events))
+    return _enqueue_answers(await cursor.fetchall())
+
+
+async def replay_delivery_async(conn: AsyncConnection, delivery_id: int) -> bool:
+    """`replay_delivery` on an asyncio connection."""
+    async with conn.transaction():
+        cursor = await _run_async(conn, queries.REPLAY_DELIVERY, (delivery_id,))
+        row = await cursor.fetchone()
+    return row is not None
+
+
+async def replay_dead_async(
+    conn: AsyncConnection, destination_id: int, since: dt.datetime | None = None,
+    batch: int = REPLAY_BATCH,
+) -> int:
+    """`replay_dead` on an asyncio connection: bounded batches, each its own transaction."""
+    async with conn.transaction():
+        cursor = await conn.execute("SELECT now()")
+        started = await cursor.fetchone()
+    until = started[0] if started else None
+    total = 0
+    while True:
+        async with conn.transaction():
+            cursor = await _run_async(
+                conn, queries.REPLAY_DEAD, (destination_id, since, until, batch)
+            )
+            row = await cursor.fetchone()
+        moved = int(row[0]) if row else 0
+        total += moved
+        if moved < batch:
+            return total

@@ -1,0 +1,267 @@
+"""Group commit: durable acceptance at the cost of one commit per batch of requests.
+
+Requests that arrive within a short window (or until enough events wait) are written in
+ONE transaction — every event and all its deliveries — and each request is answered only
+after that transaction commits. One NOTIFY per committed batch wakes the workers (sent by
+PostgreSQL at commit, so a worker never looks before the rows are visible).
+
+A few committer slots, each with its own connection, run side by side: while one batch
+waits for its commit (fsync), the next one gathers and starts on another connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+
+from engine import queue
+from engine.ingress import errors
+from engine.ingress.errors import ApiError
+from engine.ingress.schemas import EventAccepted
+from engine.queue import EventIn
+
+log = logging.getLogger(__name__)
+
+NOTIFY_CHANNEL = "engine_deliveries"
+DEFAULT_WINDOW_S = 0.0015
+DEFAULT_MAX_EVENTS = 2000
+DEFAULT_SLOTS = 2
+CONNECT_TIMEOUT_S = 5
+# Test hook, only active when set: sleep this long after a commit before answering, so a
+# test can kill the process between the two.
+PAUSE_AFTER_COMMIT_ENV = "ENGINE_INGRESS_TEST_PAUSE_AFTER_COMMIT_S"
+
+_FIND_DESTINATIONS = b"SELECT id FROM destinations WHERE id = ANY($1) AND deleted_at IS NULL"
+_FIND_KEYS = (
+    b"SELECT idempotency_key, id, delivery_count, request_hash FROM events"
+    b" WHERE idempotency_key = ANY($1)"
+)
+_NOTIFY = f"NOTIFY {NOTIFY_CHANNEL}".encode()
+
+
+@dataclass(eq=False)
+class Submission:
+    """One request's events (one for POST /v1/events, many for the batch endpoint)."""
+
+    events: Sequence[EventIn]
+    future: asyncio.Future[list[EventAccepted]] = field(repr=False)
+
+
+class _Reject(Exception):
+    """Some submissions of a batch must be refused after the write: roll back, retry the
+    others."""
+
+    def __init__(self, refused: dict[int, ApiError]) -> None:
+        super().__init__("refused submissions")
+        self.refused = refused
+
+
+class Committer:
+    def __init__(
+        self, dsn: str, *, window_s: float = DEFAULT_WINDOW_S,
+        max_events: int = DEFAULT_MAX_EVENTS, slots: int = DEFAULT_SLOTS,
+    ) -> None:
+        self.dsn = dsn
+        self.window_s = window_s
+        self.max_events = max_events
+        self.slot_count = slots
+        self.pause_after_commit_s = float(os.environ.get(PAUSE_AFTER_COMMIT_ENV) or 0)
+        self._waiting: collections.deque[Submission] = collections.deque()
+        self._waiting_events = 0
+        self._arrived = asyncio.Event()
+        self._full = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.on_commit: list = []  # callbacks(batch_requests, batch_events, seconds)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._slot()) for _ in range(self.slot_count)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        while self._waiting:
+            submission = self._waiting.popleft()
+            if not submission.future.done():
+                submission.future.set_exception(errors.unavailable("ingress is shutting down"))
+
+    async def submit(self, events: Sequence[EventIn]) -> list[EventAccepted]:
+        """Queue events for the next group commit; returns once they are committed."""
+        future: asyncio.Future[list[EventAccepted]] = asyncio.get_running_loop().create_future()
+        self._waiting.append(Submission(events, future))
+        self._waiting_events += len(events)
+        self._arrived.set()
+        if self._waiting_events >= self.max_events:
+            self._full.set()
+        return await future
+
+    def _take(self) -> list[Submission]:
+        batch: list[Submission] = []
+        taken = 0
+        while self._waiting and (not batch or taken + len(self._waiting[0].events)
+                                 <= self.max_events):
+            submission = self._waiting.popleft()
+            taken += len(submission.events)
+            batch.append(submission)
+        self._waiting_events -= taken
+        if self._waiting_events < self.max_events:
+            self._full.clear()
+        return batch
+
+    async def _slot(self) -> None:
+        conn: psycopg.AsyncConnection | None = None
+        try:
+            while True:
+                while not self._waiting:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+                if self.window_s > 0 and self._waiting_events < self.max_events:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._full.wait(), self.window_s)
+                batch = self._take()
+                if not batch:
+                    continue
+                conn = await self._commit(conn, batch)
+        finally:
+            if conn is not None:
+                await conn.close()
+
+    async def _commit(
+        self, conn: psycopg.AsyncConnection | None, batch: list[Submission]
+    ) -> psycopg.AsyncConnection | None:
+        """Write and answer one batch; returns the connection to keep (None if broken)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            if conn is None or conn.closed:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                )
+            answers = await self._write_retrying(conn, batch)
+        except psycopg.OperationalError as exc:
+            # The connection or the server failed: nobody's events are known to be written.
+            log.warning("ingress commit failed, database unavailable: %s", exc)
+            _fail(batch, errors.unavailable())
+            if conn is not None:
+                await conn.close()
+            return None
+        except psycopg.Error:
+            if len(batch) == 1:
+                log.exception("ingress commit refused a request that passed validation")
+                _fail(batch, errors.invalid("the database refused this request"))
+                return conn
+            # Should not happen after validation; make sure one bad request cannot fail
+            # the others by writing each on its own.
+            log.exception("ingress group commit failed; retrying request by request")
+            for submission in batch:
+                conn = await self._commit(conn, [submission])
+            return conn
+        except Exception:
+            log.exception("ingress commit failed")
+            _fail(batch, errors.internal())
+            return conn
+        if self.pause_after_commit_s:
+            await asyncio.sleep(self.pause_after_commit_s)
+        for submission, answer in answers.items():
+            if not submission.future.done():
+                if isinstance(answer, ApiError):
+                    submission.future.set_exception(answer)
+                else:
+                    submission.future.set_result(answer)
+        elapsed = loop.time() - started
+        for callback in self.on_commit:
+            callback(len(batch), sum(len(s.events) for s in batch), elapsed)
+        return conn
+
+    async def _write_retrying(
+        self, conn: psycopg.AsyncConnection, batch: list[Submission]
+    ) -> dict[Submission, list[EventAccepted] | ApiError]:
+        answers: dict[Submission, list[EventAccepted] | ApiError] = {}
+        remaining = list(batch)
+        while remaining:
+            try:
+                async with conn.transaction():
+                    written = await self._write(conn, remaining, answers)
+                answers.update(written)
+                return answers
+            except _Reject as reject:
+                # Rolled back: refuse those, write the rest again.
+                for index, error in reject.refused.items():
+                    answers[remaining[index]] = error
+                remaining = [s for s in remaining if s not in answers]
+        return answers
+
+    async def _write(
+        self, conn: psycopg.AsyncConnection, batch: list[Submission],
+        answers: dict[Submission, list[EventAccepted] | ApiError],
+    ) -> dict[Submission, list[EventAccepted]]:
+        """Inside the caller's transaction. Refusals found before writing go straight to
+        `answers`; those found after raise _Reject (the transaction rolls back)."""
+        listed = {d for s in batch for e in s.events for d in e.destination_ids or ()}
+        if listed:
+            cursor = await queue._run_async(conn, _FIND_DESTINATIONS, (list(listed),))
+            found = {row[0] for row in await cursor.fetchall()}
+            missing = listed - found
+            if missing:
+                kept = []
+                for submission in batch:
+                    unknown = sorted(
+                        {d for e in submission.events for d in e.destination_ids or ()} - found
+                    )
+                    if unknown:
+                        answers[submission] = errors.invalid(
+                            f"destination_ids: unknown or deleted destination {unknown[0]}"
+                        )
+                    else:
+                        kept.append(submission)
+                batch = kept
+        events = [e for s in batch for e in s.events]
+        if not events:
+            return {}
+        rows = await queue.enqueue_events_async(conn, events)
+        repeated = {
+            e.idempotency_key for e, (event_id, _) in zip(events, rows, strict=True)
+            if event_id is None
+        }
+        first_answers: dict[str, tuple[int, int, bytes]] = {}
+        if repeated:
+            cursor = await queue._run_async(conn, _FIND_KEYS, (list(repeated),))
+            for key, event_id, count, request_hash in await cursor.fetchall():
+                first_answers[key] = (event_id, count, bytes(request_hash or b""))
+        results: dict[Submission, list[EventAccepted]] = {}
+        refused: dict[int, ApiError] = {}
+        position = 0
+        for index, submission in enumerate(batch):
+            accepted: list[EventAccepted] = []
+            for event in submission.events:
+                event_id, count = rows[position]
+                position += 1
+                if event_id is None:
+                    first = first_answers.get(event.idempotency_key or "")
+                    if first is None or first[2] != event.request_hash:
+                        refused[index] = errors.conflict(
+                            f"Idempotency-Key {event.idempotency_key!r} was already used"
+                            " with a different request"
+                        )
+                        break
+                    event_id, count = first[0], first[1]
+                accepted.append(EventAccepted(event_id, count))
+            results[submission] = accepted
+        if refused:
+            raise _Reject(refused)
+        if any(count for event_id, count in rows if event_id is not None):
+            await conn.execute(_NOTIFY)
+        return results
+
+
+def _fail(batch: Sequence[Submission], error: ApiError) -> None:
+    for submission in batch:
+        if not submission.future.done():
+            submission.future.set_exception(error)

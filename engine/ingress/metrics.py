@@ -1,0 +1,46 @@
+"""Ingress metrics in Prometheus text format: requests by route and status, latency, and
+the shape of group commits (how many requests and events each commit carried)."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+
+
+class IngressMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "engine_ingress_requests", "HTTP requests answered", ["route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "engine_ingress_request_seconds", "Time to answer a request", ["route"],
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.events = Counter(
+            "engine_ingress_events_committed", "Events committed", registry=self.registry
+        )
+        self.commit_requests = Histogram(
+            "engine_ingress_commit_requests", "Requests written per group commit",
+            buckets=_SIZE_BUCKETS, registry=self.registry,
+        )
+        self.commit_seconds = Histogram(
+            "engine_ingress_commit_seconds", "Time to write and commit one group",
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def observe_commit(self, requests: int, events: int, seconds: float) -> None:
+        self.events.inc(events)
+        self.commit_requests.observe(requests)
+        self.commit_seconds.observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

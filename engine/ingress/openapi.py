@@ -1,0 +1,174 @@
+"""The API's operations, declared once. The router (app.py) binds a handler to each and
+/openapi.json is generated from them and from the msgspec types that validate requests, so
+the document cannot drift from the server."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from engine import __version__
+from engine.ingress import schemas as s
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    schema: dict[str, Any]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Operation:
+    id: str
+    method: str
+    path: str
+    summary: str
+    status: int
+    response: type | None
+    request: type | None = None
+    query: tuple[Param, ...] = ()
+    errors: tuple[int, ...] = ()
+    headers: tuple[Param, ...] = ()
+    auth: bool = True
+    content_type: str = JSON
+    tags: tuple[str, ...] = field(default=())
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        """The path as a regex: `{id}` matches a decimal integer."""
+        return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[0-9]{1,19})", self.path) + "$")
+
+
+ID_SCHEMA = {"type": "integer", "minimum": 1, "maximum": s.MAX_ID}
+_BODY_ERRORS = (400, 413, 422)
+_DB = (503,)
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("create_destination", "POST", "/v1/destinations", "Create a destination",
+              201, s.Destination, s.DestinationCreate, errors=(*_BODY_ERRORS, *_DB)),
+    Operation("list_destinations", "GET", "/v1/destinations", "List destinations (no secrets)",
+              200, s.DestinationList, errors=_DB),
+    Operation("read_destination", "GET", "/v1/destinations/{id}", "Read a destination",
+              200, s.Destination, errors=(404, *_DB)),
+    Operation("patch_destination", "PATCH", "/v1/destinations/{id}",
+              "Change, pause, resume, disable a destination or rotate its secret",
+              200, s.Destination, s.DestinationPatch, errors=(404, *_BODY_ERRORS, *_DB)),
+    Operation("delete_destination", "DELETE", "/v1/destinations/{id}",
+              "Delete a destination (its deliveries are kept, no longer sent)",
+              204, None, errors=(404, *_DB)),
+    Operation("replay_destination", "POST", "/v1/destinations/{id}/replay",
+              "Replay the destination's dead deliveries (since a time)",
+              202, s.ReplayAccepted, s.ReplayDead, errors=(404, *_BODY_ERRORS, *_DB)),
+    Operation("create_event", "POST", "/v1/events",
+              "Accept an event: answered after it and its deliveries are committed",
+              202, s.EventAccepted, s.EventCreate,
+              headers=(Param("Idempotency-Key", {"type": "string", "minLength": 1,
+                                                 "maxLength": 256}),),
+              errors=(*_BODY_ERRORS, 409, *_DB)),
+    Operation("create_event_batch", "POST", "/v1/events/batch",
+              "Accept up to 1000 events, all or nothing in one transaction",
+              202, s.BatchAccepted, s.EventBatch, errors=(*_BODY_ERRORS, 409, *_DB)),
+    Operation("read_event", "GET", "/v1/events/{id}", "Read an event with its deliveries",
+              200, s.Event, errors=(404, *_DB)),
+    Operation("list_deliveries", "GET", "/v1/deliveries", "List deliveries, newest first",
+              200, s.DeliveryPage,
+              query=(
+                  Param("destination_id", ID_SCHEMA),
+                  Param("status", {"type": "string",
+                                   "enum": ["pending", "in_flight", "delivered", "dead"]}),
+                  Param("limit", {"type": "integer", "minimum": 1,
+                                  "maximum": s.MAX_LIST_LIMIT,
+                                  "default": s.DEFAULT_LIST_LIMIT}),
+                  Param("after", {"type": "string", "pattern": "^[0-9]{1,19}$"},
+                        "the `next` cursor of the previous page"),
+              ),
+              errors=(422, *_DB)),
+    Operation("read_delivery", "GET", "/v1/deliveries/{id}", "Read a delivery with attempts",
+              200, s.DeliveryDetail, errors=(404, *_DB)),
+    Operation("replay_delivery", "POST", "/v1/deliveries/{id}/replay",
+              "Send a delivery again as a first attempt", 202, s.Delivery,
+              errors=(404, 409, *_DB)),
+    Operation("healthz", "GET", "/healthz", "Liveness and database check", 200, s.Health,
+              errors=(503,), auth=False),
+    Operation("metrics", "GET", "/metrics", "Prometheus metrics", 200, None,
+              content_type="text/plain"),
+    Operation("openapi", "GET", "/openapi.json", "This document", 200, None),
+)
+
+_REASONS = {
+    400: "Malformed JSON or non-UTF-8 body",
+    401: "Missing or wrong bearer token",
+    404: "Unknown id or path",
+    409: "Conflict",
+    413: "Request body over the limit",
+    422: "Validation failed",
+    503: "The database cannot commit",
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def build_document() -> dict[str, Any]:
+    types = {op.request for op in OPERATIONS if op.request} | {
+        op.response for op in OPERATIONS if op.response
+    }
+    types.add(s.ErrorBody)
+    ordered_types = sorted(types, key=lambda t: t.__name__)
+    _, components = msgspec.json.schema_components(
+        ordered_types, ref_template="#/components/schemas/{name}"
+    )
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        item: dict[str, Any] = {"operationId": op.id, "summary": op.summary}
+        parameters: list[dict[str, Any]] = []
+        if "{id}" in op.path:
+            parameters.append({"name": "id", "in": "path", "required": True,
+                               "schema": ID_SCHEMA})
+        for p in op.query:
+            parameters.append({"name": p.name, "in": "query", "required": False,
+                               "schema": p.schema, "description": p.description})
+        for p in op.headers:
+            parameters.append({"name": p.name, "in": "header", "required": False,
+                               "schema": p.schema})
+        if parameters:
+            item["parameters"] = parameters
+        if op.request is not None:
+            item["requestBody"] = {
+                "required": True,
+                "content": {JSON: {"schema": _ref(op.request.__name__)}},
+            }
+        success: dict[str, Any] = {"description": "OK"}
+        if op.response is not None:
+            success["content"] = {op.content_type: {"schema": _ref(op.response.__name__)}}
+        elif op.content_type != JSON or op.id == "openapi":
+            success["content"] = {op.content_type: {"schema": {}}}
+        responses: dict[str, Any] = {str(op.status): success}
+        codes = set(op.errors) | ({401} if op.auth else set())
+        for code in sorted(codes):
+            responses[str(code)] = {
+                "description": _REASONS[code],
+                "content": {JSON: {"schema": _ref("ErrorBody")}},
+            }
+        item["responses"] = responses
+        if not op.auth:
+            item["security"] = []
+        paths.setdefault(op.path, {})[op.method.lower()] = item
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "engine", "version": __version__,
+                 "description": "Webhook delivery engine: ingress API"},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }

@@ -1,0 +1,182 @@
+"""The request and response types of the HTTP API.
+
+The same msgspec types decode (and validate) requests, encode responses and generate
+/openapi.json, so the documented schema cannot drift from what the server does.
+Strings that end up in text columns refuse NUL, which PostgreSQL cannot store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Raw, UnsetType
+
+MAX_ID = 2**63 - 1
+MAX_BATCH_EVENTS = 1000
+MAX_LIST_LIMIT = 1000
+DEFAULT_LIST_LIMIT = 100
+MAX_IN_FLIGHT_CAP = 10_000
+
+_NO_NUL = "^[^\\x00]*$"
+Id = Annotated[int, Meta(ge=1, le=MAX_ID)]
+Name = Annotated[str, Meta(min_length=1, max_length=256, pattern=_NO_NUL)]
+Key = Annotated[str, Meta(min_length=1, max_length=256, pattern=_NO_NUL)]
+Url = Annotated[str, Meta(min_length=1, max_length=2048, pattern=_NO_NUL)]
+Secret = Annotated[str, Meta(min_length=1, max_length=512, pattern=_NO_NUL)]
+EventTypes = Annotated[list[Name], Meta(max_length=1000)]
+MaxInFlight = Annotated[int, Meta(ge=1, le=MAX_IN_FLIGHT_CAP)]
+# The upper bound is the server's max_timeout_ms, checked by the handler.
+TimeoutMs = Annotated[int, Meta(ge=1, le=2**31 - 1)]
+DeliveryStatus = Literal["pending", "in_flight", "delivered", "dead"]
+BreakerState = Literal["closed", "open", "half_open"]
+
+
+class _Request(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class DestinationCreate(_Request):
+    url: Url
+    secret: Secret | None = None
+    event_types: EventTypes | None = None
+    max_in_flight: MaxInFlight | None = None
+    ordered: bool = False
+    timeout_ms: TimeoutMs | None = None
+
+
+class DestinationPatch(_Request):
+    url: Url | UnsetType = UNSET
+    event_types: EventTypes | UnsetType | None = UNSET
+    max_in_flight: MaxInFlight | UnsetType | None = UNSET
+    ordered: bool | UnsetType = UNSET
+    timeout_ms: TimeoutMs | UnsetType = UNSET
+    paused: bool | UnsetType = UNSET
+    disabled: bool | UnsetType = UNSET
+    rotate_secret: bool | UnsetType = UNSET
+
+
+class Destination(msgspec.Struct):
+    id: int
+    url: str
+    event_types: list[str] | None
+    max_in_flight: int | None
+    ordered: bool
+    timeout_ms: int
+    paused: bool
+    disabled: bool
+    disabled_reason: str | None
+    paused_until: dt.datetime | None
+    breaker: BreakerState
+    consecutive_failures: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    # Present only in the answer to a creation or a rotation.
+    secret: str | UnsetType = UNSET
+    previous_secret_until: dt.datetime | None = None
+
+
+class DestinationList(msgspec.Struct):
+    data: list[Destination]
+
+
+class EventCreate(_Request):
+    type: Name
+    # Any JSON value, kept as the exact text received: it is what gets signed and sent.
+    payload: Raw
+    destination_ids: Annotated[list[Id], Meta(max_length=1000)] | None = None
+    ordering_key: Key | None = None
+
+
+class BatchEventCreate(_Request):
+    type: Name
+    payload: Raw
+    destination_ids: Annotated[list[Id], Meta(max_length=1000)] | None = None
+    ordering_key: Key | None = None
+    idempotency_key: Key | None = None
+
+
+class EventBatch(_Request):
+    events: Annotated[list[BatchEventCreate], Meta(min_length=1, max_length=MAX_BATCH_EVENTS)]
+
+
+class EventAccepted(msgspec.Struct):
+    id: int
+    deliveries: int
+
+
+class BatchAccepted(msgspec.Struct):
+    data: list[EventAccepted]
+
+
+class Delivery(msgspec.Struct):
+    id: int
+    event_id: int
+    destination_id: int
+    status: DeliveryStatus
+    attempt: int
+    next_attempt_at: dt.datetime
+    last_error: str | None
+    created_at: dt.datetime
+    completed_at: dt.datetime | None
+
+
+class Attempt(msgspec.Struct):
+    attempt: int
+    started_at: dt.datetime
+    duration_ms: int | None
+    status_code: int | None
+    error: str | None
+    response_body: str | None
+
+
+class DeliveryDetail(msgspec.Struct):
+    id: int
+    event_id: int
+    destination_id: int
+    status: DeliveryStatus
+    attempt: int
+    next_attempt_at: dt.datetime
+    last_error: str | None
+    created_at: dt.datetime
+    completed_at: dt.datetime | None
+    attempts: list[Attempt]
+
+
+class DeliveryPage(msgspec.Struct):
+    data: list[Delivery]
+    next: str | None
+
+
+class Event(msgspec.Struct):
+    id: int
+    type: str
+    payload: Raw
+    ordering_key: str | None
+    idempotency_key: str | None
+    created_at: dt.datetime
+    deliveries: list[Delivery]
+
+
+class ReplayDead(_Request):
+    status: Literal["dead"]
+    since: Annotated[dt.datetime, Meta(tz=True)] | None = None
+
+
+class ReplayAccepted(msgspec.Struct):
+    replayed: int
+
+
+class Health(msgspec.Struct):
+    status: str
+    database: str
+
+
+class ErrorDetail(msgspec.Struct):
+    code: str
+    message: str
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail

@@ -1,0 +1,205 @@
+"""The API's reads and destination changes. None of these is on the hot path (accepting
+events goes through committer.py), so they are plain parameterised statements here."""
+
+from __future__ import annotations
+
+import msgspec
+from psycopg import AsyncConnection
+
+from engine import queue
+from engine.ingress.schemas import Attempt, Delivery, DeliveryDetail, Destination, Event
+
+_DESTINATION_COLUMNS = b"""
+    id, url, event_types, max_in_flight, ordered, timeout_ms, paused, disabled,
+    disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
+    updated_at, secret, previous_secret_until
+"""
+
+CREATE_DESTINATION = b"""
+INSERT INTO destinations (url, secret, event_types, max_in_flight, ordered, timeout_ms)
+VALUES ($1::text, $2::text, $3::text[], $4::int, $5::bool, $6::int)
+RETURNING""" + _DESTINATION_COLUMNS
+
+LIST_DESTINATIONS = (
+    b"SELECT" + _DESTINATION_COLUMNS + b"FROM destinations WHERE deleted_at IS NULL ORDER BY id"
+)
+
+READ_DESTINATION = (
+    b"SELECT" + _DESTINATION_COLUMNS
+    + b"FROM destinations WHERE id = $1::bigint AND deleted_at IS NULL"
+)
+
+# Every field is optional: a NULL value (or a false `set_*` flag for nullable columns)
+# keeps the column. Resuming (paused or disabled set to false) also closes the breaker,
+# so the operator's "go" is not held back by an old failure streak. Right-hand sides see
+# the old row, so `previous_secret = secret` keeps the secret being replaced.
+PATCH_DESTINATION = b"""
+UPDATE destinations SET
+    url = coalesce($2::text, url),
+    event_types = CASE WHEN $3::bool THEN $4::text[] ELSE event_types END,
+    max_in_flight = CASE WHEN $5::bool THEN $6::int ELSE max_in_flight END,
+    ordered = coalesce($7::bool, ordered),
+    timeout_ms = coalesce($8::int, timeout_ms),
+    paused = coalesce($9::bool, paused),
+    disabled = coalesce($10::bool, disabled),
+    disabled_reason = CASE WHEN $10::bool IS NULL THEN disabled_reason
+                           WHEN $10::bool THEN 'disabled by operator' END,
+    previous_secret = CASE WHEN $11::text IS NULL THEN previous_secret ELSE secret END,
+    previous_secret_until = CASE WHEN $11::text IS NULL THEN previous_secret_until
+                                 ELSE now() + $12::bigint * interval '1 millisecond' END,
+    secret = coalesce($11::text, secret),
+    breaker = CASE WHEN $13::bool THEN 'closed' ELSE breaker END,
+    paused_until = CASE WHEN $13::bool THEN NULL ELSE paused_until END,
+    consecutive_failures = CASE WHEN $13::bool THEN 0 ELSE consecutive_failures END,
+    breaker_pause_ms = CASE WHEN $13::bool THEN 0 ELSE breaker_pause_ms END,
+    updated_at = now()
+WHERE id = $1::bigint AND deleted_at IS NULL
+RETURNING""" + _DESTINATION_COLUMNS
+
+DELETE_DESTINATION = b"""
+UPDATE destinations SET deleted_at = now(), updated_at = now()
+ WHERE id = $1::bigint AND deleted_at IS NULL
+RETURNING id
+"""
+
+_DELIVERY_COLUMNS = b"""
+    id, event_id, destination_id, status::text, attempt, next_attempt_at, last_error,
+    created_at"""
+
+READ_EVENT = b"""
+SELECT id, type, payload, ordering_key, idempotency_key, created_at
+  FROM events WHERE id = $1::bigint
+"""
+
+EVENT_DELIVERIES = (
+    b"SELECT" + _DELIVERY_COLUMNS + b", NULL::timestamptz FROM deliveries"
+    b" WHERE event_id = $1::bigint"
+    b" UNION ALL SELECT" + _DELIVERY_COLUMNS + b", completed_at FROM finished_deliveries"
+    b" WHERE event_id = $1::bigint ORDER BY id"
+)
+
+# Keyset pagination, newest first, over both tables (they share one id sequence). Each
+# side is limited on its own so each can walk its primary key (or the destination index)
+# backwards and stop early.
+LIST_DELIVERIES = (
+    b"(SELECT" + _DELIVERY_COLUMNS + b""", NULL::timestamptz FROM deliveries
+      WHERE ($1::bigint IS NULL OR destination_id = $1::bigint)
+        AND ($2::text IS NULL OR status::text = $2::text)
+        AND ($3::bigint IS NULL OR id < $3::bigint)
+      ORDER BY id DESC LIMIT $4::int)
+ UNION ALL
+ (SELECT""" + _DELIVERY_COLUMNS + b""", completed_at FROM finished_deliveries
+      WHERE ($1::bigint IS NULL OR destination_id = $1::bigint)
+        AND ($2::text IS NULL OR status::text = $2::text)
+        AND ($3::bigint IS NULL OR id < $3::bigint)
+      ORDER BY id DESC LIMIT $4::int)
+ ORDER BY id DESC LIMIT $4::int"""
+)
+
+READ_DELIVERY = (
+    b"SELECT" + _DELIVERY_COLUMNS + b", NULL::timestamptz FROM deliveries WHERE id = $1::bigint"
+    b" UNION ALL SELECT" + _DELIVERY_COLUMNS + b", completed_at FROM finished_deliveries"
+    b" WHERE id = $1::bigint"
+)
+
+READ_ATTEMPTS = b"""
+SELECT attempt, started_at, duration_ms, status_code, error, response_body
+  FROM delivery_attempts WHERE delivery_id = $1::bigint ORDER BY id
+"""
+
+
+def _destination(row: tuple, with_secret: bool = False) -> Destination:
+    *columns, secret, previous_until = row
+    destination = Destination(*columns)
+    if with_secret:
+        destination.secret = secret
+        destination.previous_secret_until = previous_until
+    return destination
+
+
+async def _fetchone(conn: AsyncConnection, statement: bytes, params: tuple) -> tuple | None:
+    cursor = await queue._run_async(conn, statement, params)
+    return await cursor.fetchone()
+
+
+async def _fetchall(conn: AsyncConnection, statement: bytes, params: tuple) -> list[tuple]:
+    cursor = await queue._run_async(conn, statement, params)
+    return await cursor.fetchall()
+
+
+async def create_destination(
+    conn: AsyncConnection, url: str, secret: str, event_types: list[str] | None,
+    max_in_flight: int | None, ordered: bool, timeout_ms: int,
+) -> Destination:
+    row = await _fetchone(
+        conn, CREATE_DESTINATION,
+        (url, secret, event_types, max_in_flight, ordered, timeout_ms),
+    )
+    assert row is not None
+    return _destination(row, with_secret=True)
+
+
+async def list_destinations(conn: AsyncConnection) -> list[Destination]:
+    return [_destination(row) for row in await _fetchall(conn, LIST_DESTINATIONS, ())]
+
+
+async def read_destination(conn: AsyncConnection, destination_id: int) -> Destination | None:
+    row = await _fetchone(conn, READ_DESTINATION, (destination_id,))
+    return _destination(row) if row else None
+
+
+async def patch_destination(
+    conn: AsyncConnection, destination_id: int, *, url: str | None,
+    set_event_types: bool, event_types: list[str] | None,
+    set_max_in_flight: bool, max_in_flight: int | None,
+    ordered: bool | None, timeout_ms: int | None, paused: bool | None,
+    disabled: bool | None, new_secret: str | None, previous_secret_ms: int,
+) -> Destination | None:
+    resume = paused is False or disabled is False
+    row = await _fetchone(
+        conn, PATCH_DESTINATION,
+        (
+            destination_id, url, set_event_types, event_types, set_max_in_flight,
+            max_in_flight, ordered, timeout_ms, paused, disabled, new_secret,
+            previous_secret_ms, resume,
+        ),
+    )
+    return _destination(row, with_secret=new_secret is not None) if row else None
+
+
+async def delete_destination(conn: AsyncConnection, destination_id: int) -> bool:
+    return await _fetchone(conn, DELETE_DESTINATION, (destination_id,)) is not None
+
+
+async def read_event(conn: AsyncConnection, event_id: int) -> Event | None:
+    row = await _fetchone(conn, READ_EVENT, (event_id,))
+    if row is None:
+        return None
+    deliveries = [Delivery(*r) for r in await _fetchall(conn, EVENT_DELIVERIES, (event_id,))]
+    event_id, type_, payload, ordering_key, idempotency_key, created_at = row
+    return Event(
+        event_id, type_, msgspec.Raw(payload.encode()), ordering_key, idempotency_key,
+        created_at, deliveries,
+    )
+
+
+async def list_deliveries(
+    conn: AsyncConnection, destination_id: int | None, status: str | None,
+    before_id: int | None, limit: int,
+) -> list[Delivery]:
+    rows = await _fetchall(conn, LIST_DELIVERIES, (destination_id, status, before_id, limit))
+    return [Delivery(*r) for r in rows]
+
+
+async def read_delivery(conn: AsyncConnection, delivery_id: int) -> DeliveryDetail | None:
+    row = await _fetchone(conn, READ_DELIVERY, (delivery_id,))
+    if row is None:
+        return None
+    attempts = [Attempt(*r) for r in await _fetchall(conn, READ_ATTEMPTS, (delivery_id,))]
+    return DeliveryDetail(*row, attempts=attempts)
+
+
+async def read_delivery_row(conn: AsyncConnection, delivery_id: int) -> Delivery | None:
+    row = await _fetchone(conn, READ_DELIVERY, (delivery_id,))
+    return Delivery(*row) if row else None
+
