@@ -147,7 +147,7 @@ class IngressApp:
         self.meters = IngressMetrics()
         self.pool: psycopg_pool.AsyncConnectionPool | None = None
         self.committer: Committer | None = None
-        self.openapi_document = _encoder.encode(build_document())
+        self.openapi_document = _encoder.encode(build_document(settings.max_timeout_ms))
         self.routes: list[tuple[Operation, Callable[[Request], Awaitable[Response]]]] = [
             (op, getattr(self, op.id)) for op in OPERATIONS
         ]
@@ -169,7 +169,7 @@ class IngressApp:
                 self._authorize(scope)
             response = await handler(Request(scope, receive, path_id, self.settings.max_body_bytes))
         except ApiError as exc:
-            response = Response(exc.status, exc.body(), JSON_HEADERS)
+            response = Response(exc.status, exc.body(), exc.headers or JSON_HEADERS)
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             log.warning("database unavailable: %s", exc)
             error = errors.unavailable()
@@ -186,13 +186,13 @@ class IngressApp:
     def _route(self, scope: dict[str, Any]) -> tuple[Operation, Any, int | None]:
         path: str = scope["path"]
         method: str = scope["method"]
-        allowed = False
+        allowed: list[str] = []
         for operation, handler in self.routes:
             match = operation.pattern.match(path)
             if match is None:
                 continue
             if operation.method != method:
-                allowed = True
+                allowed.append(operation.method)
                 continue
             path_id = None
             if "id" in match.groupdict():
@@ -201,7 +201,7 @@ class IngressApp:
                     raise errors.not_found()
             return operation, handler, path_id
         if allowed:
-            raise errors.method_not_allowed(method)
+            raise errors.method_not_allowed(method, allowed)
         raise errors.not_found("path")
 
     def _authorize(self, scope: dict[str, Any]) -> None:
@@ -397,9 +397,9 @@ class IngressApp:
         after = params.get("after")
         before_id = None
         if after is not None:
-            if not after.isascii() or not after.isdigit() or not 1 <= int(after) <= s.MAX_ID:
+            if not after.isascii() or not after.isdigit() or len(after) > 19:
                 raise errors.invalid("after: not a cursor returned by this endpoint")
-            before_id = int(after)
+            before_id = min(int(after), s.MAX_ID)
         async with self._connection() as conn:
             rows = await store.list_deliveries(conn, destination_id, status, before_id, limit)
         next_cursor = str(rows[-1].id) if len(rows) == limit else None

@@ -9,11 +9,15 @@ from engine.ingress.schemas import ErrorBody, ErrorDetail
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
 
     def body(self) -> bytes:
         return msgspec.json.encode(ErrorBody(ErrorDetail(self.code, self.message)))
@@ -31,8 +35,11 @@ def not_found(what: str = "resource") -> ApiError:
     return ApiError(404, "not_found", f"{what} not found")
 
 
-def method_not_allowed(method: str) -> ApiError:
-    return ApiError(405, "method_not_allowed", f"method {method} is not allowed here")
+def method_not_allowed(method: str, allowed: list[str]) -> ApiError:
+    return ApiError(
+        405, "method_not_allowed", f"method {method} is not allowed here",
+        [(b"content-type", b"application/json"), (b"allow", ", ".join(allowed).encode())],
+    )
 
 
 def conflict(message: str) -> ApiError:

@@ -116,7 +116,15 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def build_document() -> dict[str, Any]:
+# Where an answer's id leads (lets stateful testing follow created resources).
+_LINKS = {
+    "create_destination": ("read_destination", "patch_destination", "delete_destination",
+                           "replay_destination"),
+    "create_event": ("read_event",),
+}
+
+
+def build_document(max_timeout_ms: int) -> dict[str, Any]:
     types = {op.request for op in OPERATIONS if op.request} | {
         op.response for op in OPERATIONS if op.response
     }
@@ -125,6 +133,12 @@ def build_document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
         ordered_types, ref_template="#/components/schemas/{name}"
     )
+    # This server's bound, so the document tells the truth about what it accepts.
+    for name in ("DestinationCreate", "DestinationPatch"):
+        timeout = components[name]["properties"]["timeout_ms"]
+        for option in timeout.get("anyOf", [timeout]):
+            if option.get("type") == "integer":
+                option["maximum"] = max_timeout_ms
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         item: dict[str, Any] = {"operationId": op.id, "summary": op.summary}
@@ -150,6 +164,11 @@ def build_document() -> dict[str, Any]:
             success["content"] = {op.content_type: {"schema": _ref(op.response.__name__)}}
         elif op.content_type != JSON or op.id == "openapi":
             success["content"] = {op.content_type: {"schema": {}}}
+        if op.id in _LINKS:
+            success["links"] = {
+                target: {"operationId": target, "parameters": {"id": "$response.body#/id"}}
+                for target in _LINKS[op.id]
+            }
         responses: dict[str, Any] = {str(op.status): success}
         codes = set(op.errors) | ({401} if op.auth else set())
         for code in sorted(codes):

@@ -23,8 +23,17 @@ _NO_NUL = "^[^\\x00]*$"
 Id = Annotated[int, Meta(ge=1, le=MAX_ID)]
 Name = Annotated[str, Meta(min_length=1, max_length=256, pattern=_NO_NUL)]
 Key = Annotated[str, Meta(min_length=1, max_length=256, pattern=_NO_NUL)]
-Url = Annotated[str, Meta(min_length=1, max_length=2048, pattern=_NO_NUL)]
-Secret = Annotated[str, Meta(min_length=1, max_length=512, pattern=_NO_NUL)]
+# Only the scheme is in the pattern; the rest of the URL policy is engine.targets.
+Url = Annotated[
+    str, Meta(min_length=1, max_length=2048, pattern="^[hH][tT][tT][pP][sS]?://[^\\x00]*$")
+]
+Secret = Annotated[
+    str,
+    Meta(
+        max_length=512,
+        pattern="^whsec_(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)$",
+    ),
+]
 EventTypes = Annotated[list[Name], Meta(max_length=1000)]
 MaxInFlight = Annotated[int, Meta(ge=1, le=MAX_IN_FLIGHT_CAP)]
 # The upper bound is the server's max_timeout_ms, checked by the handler.
