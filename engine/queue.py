@@ -18,6 +18,9 @@ from engine import queries
 BREAKER_THRESHOLD = 5
 BREAKER_BASE_PAUSE_MS = 30_000
 BREAKER_MAX_PAUSE_MS = 3_600_000
+# pg_try_advisory_xact_lock(class, destination id) key space: "claiming for this capped
+# destination". Two-int keys never collide with the one-bigint keys used elsewhere.
+CAPPED_CLAIM_LOCK_CLASS = 0x656E67  # "eng"
 RETURN_BATCH = 1000
 REPLAY_BATCH = 500
 
@@ -99,7 +102,12 @@ def claim_batch(
 ) -> list[Claim]:
     """Claim up to `limit` due deliveries for `worker`; commits before returning."""
     with conn.transaction():
-        params = (worker, limit, first_attempt_reserve, lease_ms)
+        # Two statements: the claim's snapshot must be taken after the capped
+        # destinations' locks (see lock_capped_destinations.sql).
+        capped = [row[0] for row in _run(
+            conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
+        ).fetchall()]
+        params = (worker, limit, first_attempt_reserve, lease_ms, capped)
         rows = _run(conn, queries.CLAIM_BATCH, params).fetchall()
     return [Claim(*row) for row in rows]
 

@@ -1,6 +1,7 @@
 -- claim_batch: lock up to $limit claimable deliveries, mark them in flight, and return
 -- everything a worker needs to send them, in one round trip.
---   $1 worker_id text, $2 limit int, $3 first_attempt_reserve int, $4 lease_ms int
+--   $1 worker_id text, $2 limit int, $3 first_attempt_reserve int, $4 lease_ms int,
+--   $5 capped destination ids bigint[]: those lock_capped_destinations.sql just locked
 --
 -- FOR UPDATE OF d SKIP LOCKED: lock only delivery rows. Without OF, the destination row
 -- would be locked too, and every other claimer would skip all of that destination's
@@ -17,7 +18,18 @@
 --
 -- A destination whose breaker is open and whose pause has run out gets exactly one probe
 -- delivery: the UPDATE of its row to half_open is what a single claimer wins (the others
--- skip the locked row), and a lease-long pause covers the probe should its worker die.
+-- skip the locked row; one that read the row before the winner committed re-checks it
+-- once locked and finds the new paused_until), and a lease-long pause covers the probe
+-- should its worker die. Only destinations with a due delivery are probed, so a pause
+-- does not run out into an empty half-open window. NO KEY UPDATE, not UPDATE: enqueues
+-- (foreign key checks take KEY SHARE) must not wait for a probe.
+--
+-- Destinations with max_in_flight take their deliveries only through `capped`, one
+-- LATERAL per destination this transaction holds the advisory lock of ($5): LIMIT is the
+-- room left under the cap, counted with deliveries_destination_idx. The lock is what
+-- makes the count exact across processes and hosts (see lock_capped_destinations.sql).
+-- Uncapped destinations keep the plain scans; `dest.max_in_flight IS NULL` is a filter on
+-- a row the join reads anyway.
 WITH probed_destinations AS (
     UPDATE destinations dest
        SET breaker = 'half_open',
@@ -25,8 +37,11 @@ WITH probed_destinations AS (
       FROM (SELECT id FROM destinations
              WHERE breaker <> 'closed' AND paused_until <= now()
                AND NOT disabled AND NOT paused AND deleted_at IS NULL
+               AND EXISTS (SELECT 1 FROM deliveries d
+                            WHERE d.destination_id = destinations.id
+                              AND d.status = 'pending' AND d.next_attempt_at <= now())
              LIMIT 5
-               FOR UPDATE SKIP LOCKED) due
+               FOR NO KEY UPDATE SKIP LOCKED) due
      WHERE dest.id = due.id
  RETURNING dest.id
 ), probe AS (
@@ -45,6 +60,28 @@ WITH probed_destinations AS (
             ORDER BY d.next_attempt_at
             LIMIT 1
               FOR UPDATE OF d SKIP LOCKED) p
+), capped AS (
+    SELECT c.id, c.next_attempt_at
+      FROM destinations dest
+     CROSS JOIN LATERAL (
+           SELECT d.id, d.next_attempt_at FROM deliveries d
+            WHERE d.destination_id = dest.id
+              AND d.status = 'pending'
+              AND d.next_attempt_at <= now()
+              AND (d.ordering_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM deliveries e
+                     WHERE e.destination_id = d.destination_id
+                       AND e.ordering_key = d.ordering_key
+                       AND e.id < d.id))
+            ORDER BY d.next_attempt_at
+            LIMIT greatest(0, least($2, dest.max_in_flight - (
+                      SELECT count(*) FROM deliveries f
+                       WHERE f.destination_id = dest.id AND f.status = 'in_flight')))
+              FOR UPDATE OF d SKIP LOCKED) c
+     WHERE dest.id = ANY ($5::bigint[])
+       AND dest.max_in_flight IS NOT NULL
+       AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
+       AND dest.breaker = 'closed'
 ), eligible_first AS (
     SELECT d.id, d.next_attempt_at
       FROM deliveries d
@@ -54,6 +91,7 @@ WITH probed_destinations AS (
        AND d.next_attempt_at <= now()
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
+       AND dest.max_in_flight IS NULL
        AND (d.ordering_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM deliveries e
               WHERE e.destination_id = d.destination_id
@@ -71,22 +109,27 @@ WITH probed_destinations AS (
        AND d.next_attempt_at <= now()
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
+       AND dest.max_in_flight IS NULL
        AND (d.ordering_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM deliveries e
               WHERE e.destination_id = d.destination_id
                 AND e.ordering_key = d.ordering_key
                 AND e.id < d.id))
      ORDER BY d.next_attempt_at
-     LIMIT $2 - least($3, (SELECT count(*) FROM eligible_first))
+     LIMIT greatest(0, $2 - least($3, (SELECT count(*) FROM eligible_first))
+                         - (SELECT count(*) FROM capped))
        FOR UPDATE OF d SKIP LOCKED
 ), chosen AS (
     SELECT id FROM probe
+    UNION ALL
+    (SELECT id FROM capped ORDER BY next_attempt_at LIMIT $2)
     UNION ALL
     SELECT id FROM eligible_retry
     UNION ALL
     (SELECT id FROM eligible_first
       ORDER BY next_attempt_at
-      LIMIT $2 - (SELECT count(*) FROM eligible_retry))
+      LIMIT greatest(0, $2 - (SELECT count(*) FROM eligible_retry)
+                          - (SELECT count(*) FROM capped)))
 ), claimed AS (
     UPDATE deliveries d
        SET status = 'in_flight',

@@ -1,0 +1,90 @@
+"""max_in_flight: a destination's cap holds across concurrent claimers."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import psycopg
+import pytest
+
+from engine import queue
+from engine.queue import EventIn, Result
+from tests.test_queue import LEASE_MS, add_destination, now
+
+pytestmark = pytest.mark.pg_versions
+
+
+def in_flight(conn: psycopg.Connection, destination: int) -> int:
+    row = conn.execute("SELECT count(*) FROM deliveries WHERE destination_id = %s"
+                       " AND status = 'in_flight'", [destination]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_claim_stops_at_the_cap_and_refills(conn: psycopg.Connection) -> None:
+    capped = add_destination(conn, max_in_flight=3)
+    free = add_destination(conn)
+    with conn.transaction():
+        queue.enqueue_events(conn, [EventIn("t", "{}", [capped, free]) for _ in range(10)])
+    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    assert sum(c.destination_id == capped for c in first) == 3
+    assert sum(c.destination_id == free for c in first) == 10
+    assert queue.claim_batch(conn, "w", 100, LEASE_MS) == []
+    done = next(c for c in first if c.destination_id == capped)
+    t = now(conn)
+    queue.record_results(conn, "w", [Result(done.id, 1, "delivered", t, 1, 200)])
+    again = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    assert [c.destination_id for c in again] == [capped]
+
+
+def test_capped_backlog_does_not_shrink_the_batch(conn: psycopg.Connection) -> None:
+    """Capped rows first in line must not take the batch's slots from other destinations."""
+    capped = add_destination(conn, max_in_flight=2)
+    free = add_destination(conn)
+    with conn.transaction():
+        queue.enqueue_events(conn, [EventIn("t", "{}", [capped]) for _ in range(50)])
+    with conn.transaction():
+        queue.enqueue_events(conn, [EventIn("t", "{}", [free]) for _ in range(20)])
+    got = queue.claim_batch(conn, "w", 10, LEASE_MS)
+    assert len(got) == 10 and sum(c.destination_id == capped for c in got) == 2
+
+
+def test_cap_holds_under_concurrent_claimers(dsn: str, conn: psycopg.Connection) -> None:
+    cap = 4
+    capped = add_destination(conn, max_in_flight=cap)
+    with conn.transaction():
+        queue.enqueue_events(conn, [EventIn("t", "{}", [capped]) for _ in range(300)])
+    over: list[int] = []
+    stop = threading.Event()
+
+    def worker(slot: int) -> None:
+        rng = random.Random(slot)
+        name = f"w{slot}"
+        with psycopg.connect(dsn, autocommit=True) as own:
+            while not stop.is_set():
+                claims = queue.claim_batch(own, name, rng.randint(1, 5), LEASE_MS)
+                seen = in_flight(own, capped)
+                if seen > cap:
+                    over.append(seen)
+                if not claims:
+                    if in_flight(own, capped) == 0 and not own.execute(
+                            "SELECT 1 FROM deliveries LIMIT 1").fetchone():
+                        return
+                    continue
+                t = now(own)
+                outcomes = [rng.choice(["delivered", "delivered", "retry"]) for _ in claims]
+                queue.record_results(own, name, [
+                    Result(c.id, c.attempt, o, t, 1, 200, None, None,
+                           t if o == "retry" else None)
+                    for c, o in zip(claims, outcomes, strict=True)
+                ], queue.BreakerSettings(threshold=10_000))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    stop.set()
+    assert over == []
+    assert conn.execute("SELECT count(*) FROM finished_deliveries").fetchone() == (300,)
