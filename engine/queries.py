@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Ingress runs `NOTIFY engine_deliveries` once per committed batch of events; idle delivery
+# workers LISTEN on it (and poll as a fallback, since a notification can be missed while
+# a worker reconnects).
+NOTIFY_CHANNEL = "engine_deliveries"
+
 _SQL_DIR = Path(__file__).with_name("sql")
 
 

@@ -41,9 +41,10 @@ async def _run_async(
     return cursor
 
 
-def worker_id(tag: str = "") -> str:
-    """`host:pid` (plus a tag), so an operator can tell whose claim a row is."""
-    base = f"{socket.gethostname()}:{os.getpid()}"
+def worker_id(tag: str = "", pid: int | None = None) -> str:
+    """`host:pid` (plus a tag), so an operator can tell whose claim a row is. A supervisor
+    passes a child's `pid` to name that child's claims."""
+    base = f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
     return f"{base}:{tag}" if tag else base
 
 
@@ -58,6 +59,7 @@ class Claim(msgspec.Struct, frozen=True):
     timeout_ms: int
     secrets: list[str]
     payload: str
+    max_in_flight: int | None = None  # the destination's cap on concurrent requests
 
 
 OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
@@ -97,34 +99,23 @@ class EventIn:
     request_hash: bytes | None = None
 
 
-def claim_batch(
-    conn: Connection, worker: str, limit: int, lease_ms: int, first_attempt_reserve: int = 0
-) -> list[Claim]:
-    """Claim up to `limit` due deliveries for `worker`; commits before returning."""
-    with conn.transaction():
-        # Two statements: the claim's snapshot must be taken after the capped
-        # destinations' locks (see lock_capped_destinations.sql).
-        capped = [row[0] for row in _run(
-            conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
-        ).fetchall()]
-        params = (worker, limit, first_attempt_reserve, lease_ms, capped)
-        rows = _run(conn, queries.CLAIM_BATCH, params).fetchall()
-    return [Claim(*row) for row in rows]
+def claim_params(
+    worker: str, limit: int, lease_ms: int, first_attempt_reserve: int, capped: list[int]
+) -> tuple[object, ...]:
+    """Parameters of claim_batch.sql (shared by the sync and async queue functions);
+    `capped` is what lock_capped_destinations.sql returned in the same transaction."""
+    return (worker, limit, first_attempt_reserve, lease_ms, capped)
 
 
-def record_results(
-    conn: Connection, worker: str, results: Sequence[Result],
-    breaker: BreakerSettings | None = None,
-) -> int:
-    """Apply many attempt outcomes in one statement; returns how many still belonged to
-    `worker` (the rest were reaped or released meanwhile and change nothing)."""
-    if not results:
-        return 0
+def record_params(
+    worker: str, results: Sequence[Result], breaker: BreakerSettings | None = None
+) -> tuple[object, ...]:
+    """Parameters of record_results.sql: one array per column, so a batch is one statement."""
     breaker = breaker or BreakerSettings()
     for r in results:
         if r.outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {r.outcome!r}")
-    params = (
+    return (
         worker,
         [r.id for r in results],
         [r.attempt for r in results],
@@ -139,6 +130,39 @@ def record_results(
         breaker.base_pause_ms,
         breaker.max_pause_ms,
     )
+
+
+def return_params(
+    worker: str | None, only_expired: bool, reason: str, max_attempts: int
+) -> tuple[object, ...]:
+    """Parameters of return_claims.sql for one batch of at most RETURN_BATCH claims."""
+    return (worker, only_expired, reason, max_attempts, RETURN_BATCH)
+
+
+def claim_batch(
+    conn: Connection, worker: str, limit: int, lease_ms: int, first_attempt_reserve: int = 0
+) -> list[Claim]:
+    """Claim up to `limit` due deliveries for `worker`; commits before returning."""
+    with conn.transaction():
+        # Two statements: the claim's snapshot must be taken after the capped
+        # destinations' locks (see lock_capped_destinations.sql).
+        capped = [row[0] for row in _run(
+            conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
+        ).fetchall()]
+        params = claim_params(worker, limit, lease_ms, first_attempt_reserve, capped)
+        rows = _run(conn, queries.CLAIM_BATCH, params).fetchall()
+    return [Claim(*row) for row in rows]
+
+
+def record_results(
+    conn: Connection, worker: str, results: Sequence[Result],
+    breaker: BreakerSettings | None = None,
+) -> int:
+    """Apply many attempt outcomes in one statement; returns how many still belonged to
+    `worker` (the rest were reaped or released meanwhile and change nothing)."""
+    if not results:
+        return 0
+    params = record_params(worker, results, breaker)
     with conn.transaction():
         row = _run(conn, queries.RECORD_RESULTS, params).fetchone()
     return int(row[0]) if row else 0
@@ -158,12 +182,10 @@ def _return_claims(
     conn: Connection, worker: str | None, only_expired: bool, reason: str, max_attempts: int
 ) -> int:
     total = 0
+    params = return_params(worker, only_expired, reason, max_attempts)
     while True:
         with conn.transaction():
-            row = _run(
-                conn, queries.RETURN_CLAIMS,
-                (worker, only_expired, reason, max_attempts, RETURN_BATCH),
-            ).fetchone()
+            row = _run(conn, queries.RETURN_CLAIMS, params).fetchone()
         moved = int(row[0]) + int(row[1]) if row else 0
         total += moved
         if moved < RETURN_BATCH:

@@ -144,7 +144,7 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
        CASE WHEN dest.previous_secret IS NOT NULL AND dest.previous_secret_until > now()
             THEN ARRAY[dest.secret, dest.previous_secret]
             ELSE ARRAY[dest.secret] END AS secrets,
-       ev.payload
+       ev.payload, dest.max_in_flight
   FROM claimed c
   JOIN destinations dest ON dest.id = c.destination_id
   JOIN events ev ON ev.id = c.event_id

@@ -1,0 +1,51 @@
+"""The queue operations a delivery worker needs, on an async psycopg connection.
+
+Same SQL files and the same parameter building as engine/queue.py (only the I/O differs),
+so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from psycopg import AsyncConnection
+
+from engine import queries
+from engine.queue import (
+    CAPPED_CLAIM_LOCK_CLASS,
+    BreakerSettings,
+    Claim,
+    Result,
+    _run_async,
+    claim_params,
+    record_params,
+)
+
+
+async def claim_batch(
+    conn: AsyncConnection, worker: str, limit: int, lease_ms: int, first_attempt_reserve: int = 0
+) -> list[Claim]:
+    """Claim up to `limit` due deliveries for `worker`; commits before returning."""
+    async with conn.transaction():
+        # Two statements, as in queue.claim_batch: the capped destinations' locks first.
+        cursor = await _run_async(
+            conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
+        )
+        capped = [row[0] for row in await cursor.fetchall()]
+        params = claim_params(worker, limit, lease_ms, first_attempt_reserve, capped)
+        rows = await (await _run_async(conn, queries.CLAIM_BATCH, params)).fetchall()
+    return [Claim(*row) for row in rows]
+
+
+async def record_results(
+    conn: AsyncConnection, worker: str, results: Sequence[Result],
+    breaker: BreakerSettings | None = None,
+) -> int:
+    """Apply many attempt outcomes in one statement; returns how many still belonged to
+    `worker`."""
+    if not results:
+        return 0
+    params = record_params(worker, results, breaker)
+    async with conn.transaction():
+        row = await (await _run_async(conn, queries.RECORD_RESULTS, params)).fetchone()
+    return int(row[0]) if row else 0

@@ -1,0 +1,398 @@
+"""A delivery worker process: one uvloop event loop around one CurlPool.
+
+The pipeline: claim a batch (one statement, one short transaction), hand the connection
+back, send every claim concurrently, and record outcomes in batches (one statement per
+flush, at most FLUSH_INTERVAL_S or FLUSH_SIZE results). No database connection is held
+while HTTP is in progress, and nothing costs a query per delivery.
+
+Two database connections per process: `claim_conn` claims and LISTENs for new work
+(notifications that arrive during a claim wait in psycopg's backlog, so none is missed),
+`flush_conn` records results, so a slow flush never delays the next claim, and vice versa.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import signal
+import time
+from collections import deque
+
+import psycopg
+import uvloop
+from psycopg import sql
+
+from engine import queue_async
+from engine.config import Settings
+from engine.http_client import CurlPool, HttpResult
+from engine.oplog import log_event
+from engine.queries import NOTIFY_CHANNEL
+from engine.queue import BreakerSettings, Claim, Result, worker_id
+from engine.retry import retry_delay
+from engine.signing import build_headers
+
+CLAIM_CAP = 500  # most rows one claim takes
+FLUSH_SIZE = 500
+FLUSH_INTERVAL_S = 0.05
+# No claim while this many results wait to be recorded: a slow database slows the
+# claiming instead of piling up outcomes in memory.
+UNRECORDED_LIMIT = 2 * FLUSH_SIZE
+POLL_INTERVAL_S = 1.0  # fallback when no NOTIFY comes (retries falling due, missed ones)
+IDLE_SLICE_S = 0.25  # an idle claimer looks at the drain flag this often
+RECONNECT_DELAY_S = 1.0
+MAX_RETRY_AFTER_S = 3600.0
+STORED_BODY_BYTES = 4096
+SWEEP_INTERVAL_S = 1.0
+# A claim waiting for its destination's max_in_flight must still be sent within its
+# lease: it is released once less than its timeout plus this margin is left.
+LEASE_SAFETY_MS = 10_000
+EXHAUSTED = "attempts exhausted"
+
+
+def message_id(event_id: int) -> str:
+    """`webhook-id`: names the event, so every retry and every destination share it."""
+    return f"evt_{event_id}"
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class _DestinationSlots:
+    """Local per-destination concurrency: requests running and claims waiting for a slot."""
+
+    __slots__ = ("active", "cap", "waiting")
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.cap: int | None = None
+        self.waiting: deque[tuple[Claim, float]] = deque()
+
+
+class DeliveryWorker:
+    def __init__(self, settings: Settings, dsn: str, worker: str | None = None) -> None:
+        self.settings = settings
+        self.dsn = dsn
+        self.worker = worker or worker_id()
+        self.breaker = BreakerSettings(
+            settings.breaker_threshold, settings.breaker_base_pause_ms,
+            settings.breaker_max_pause_ms,
+        )
+        self.capacity = settings.max_in_flight
+        # Claim when a quarter of the slots are free: big enough batches for the
+        # database, small enough that the pipeline never runs dry.
+        self.claim_threshold = max(1, min(self.capacity, CLAIM_CAP) // 4)
+        self.held = 0  # claims between claim and result: being sent or waiting for a slot
+        self.destinations: dict[int, _DestinationSlots] = {}
+        self.results: list[Result] = []
+        self.flushing = 0
+        self.stopping = False
+        self.closing = False
+        self.sends: set[asyncio.Task[None]] = set()
+
+    # Lifecycle
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.room = asyncio.Event()
+        self.flush_wanted = asyncio.Event()
+        self.stop_requested = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
+        self.http = CurlPool(max_connects=self.capacity)
+        self.claim_conn = await self._connect(listen=True)
+        self.flush_conn = await self._connect(listen=False)
+        claimer = loop.create_task(self._claim_loop())
+        flusher = loop.create_task(self._flush_loop())
+        sweeper = loop.create_task(self._sweep_loop())
+        stop = loop.create_task(self.stop_requested.wait())
+        done, _ = await asyncio.wait(
+            {claimer, flusher, sweeper, stop}, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in done - {stop}:
+            task.result()  # a background loop that ended early has failed: let it raise
+        await self._drain(claimer, flusher, sweeper)
+
+    def begin_drain(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        log_event("worker_drain_begun", worker=self.worker, in_flight=self.held)
+        self.room.set()
+        self.stop_requested.set()
+
+    async def _drain(
+        self, claimer: asyncio.Task[None], flusher: asyncio.Task[None],
+        sweeper: asyncio.Task[None],
+    ) -> None:
+        deadline = time.monotonic() + self.settings.drain_deadline_s
+        await claimer
+        sweeper.cancel()
+        unsent = 0
+        for slots in self.destinations.values():
+            while slots.waiting:
+                claim, _ = slots.waiting.popleft()
+                self._release(claim)
+                unsent += 1
+        if self.sends:
+            await asyncio.wait(self.sends, timeout=max(0.0, deadline - time.monotonic()))
+        unfinished = len(self.sends)
+        for task in list(self.sends):
+            task.cancel()
+        await asyncio.gather(*self.sends, return_exceptions=True)
+        self.closing = True
+        self.flush_wanted.set()
+        await flusher
+        await self.http.close()
+        await self.claim_conn.close()
+        await self.flush_conn.close()
+        log_event(
+            "worker_drained", worker=self.worker, released_unsent=unsent,
+            released_unfinished=unfinished,
+        )
+
+    async def _connect(self, *, listen: bool) -> psycopg.AsyncConnection:
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, application_name=f"engine worker {self.worker}"
+                )
+                if listen:
+                    await conn.execute(
+                        sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL))
+                    )
+                return conn
+            except psycopg.OperationalError as exc:
+                log_event("worker_db_unavailable", worker=self.worker, error=str(exc))
+                await asyncio.sleep(RECONNECT_DELAY_S)
+
+    # Claiming
+
+    def _claim_limit(self) -> int:
+        if len(self.results) + self.flushing >= UNRECORDED_LIMIT:
+            return 0
+        free = self.capacity - self.held
+        if free >= self.claim_threshold or (self.held == 0 and free > 0):
+            return min(free, CLAIM_CAP)
+        return 0
+
+    async def _claim_loop(self) -> None:
+        settings = self.settings
+        maybe_more = True  # the last claim was full: there is probably more to take
+        while not self.stopping:
+            if not maybe_more:
+                maybe_more = await self._wait_for_work()
+                continue
+            limit = self._claim_limit()
+            if limit == 0:
+                self.room.clear()
+                await self.room.wait()
+                continue
+            reserve = int(settings.first_attempt_share * limit)
+            try:
+                claims = await queue_async.claim_batch(
+                    self.claim_conn, self.worker, limit, settings.lease_ms, reserve
+                )
+            except psycopg.OperationalError as exc:
+                log_event("worker_claim_failed", worker=self.worker, error=str(exc))
+                await self._reconnect_claim()
+                continue
+            maybe_more = len(claims) == limit
+            if self.stopping:
+                for claim in claims:
+                    self.held += 1
+                    self._release(claim)
+            else:
+                self._dispatch(claims)
+
+    async def _reconnect_claim(self) -> None:
+        await self.claim_conn.close()
+        await asyncio.sleep(RECONNECT_DELAY_S)
+        self.claim_conn = await self._connect(listen=True)
+
+    async def _wait_for_work(self) -> bool:
+        """Until a NOTIFY arrives or the poll interval passes; False when draining."""
+        conn = self.claim_conn
+        deadline = time.monotonic() + POLL_INTERVAL_S
+        try:
+            while not self.stopping:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return True
+                woken = False
+                async for _ in conn.notifies(timeout=min(remaining, IDLE_SLICE_S), stop_after=1):
+                    woken = True
+                if woken:
+                    # Debounce: whatever else arrived is answered by the same claim.
+                    async for _ in conn.notifies(timeout=0):
+                        pass
+                    return True
+        except psycopg.OperationalError as exc:
+            log_event("worker_listen_failed", worker=self.worker, error=str(exc))
+            await self._reconnect_claim()
+            return True
+        return False
+
+    def _dispatch(self, claims: list[Claim]) -> None:
+        now = time.monotonic()
+        max_attempts = self.settings.max_attempts
+        for claim in claims:
+            if claim.attempt > max_attempts:
+                # Lost attempts (dead workers, expired leases) used the last one up.
+                self._add_result(
+                    Result(claim.id, claim.attempt, "dead", _utcnow(), error=EXHAUSTED)
+                )
+                continue
+            self.held += 1
+            slots = self.destinations.get(claim.destination_id)
+            if slots is None:
+                slots = self.destinations[claim.destination_id] = _DestinationSlots()
+            slots.cap = claim.max_in_flight
+            if slots.cap is not None and slots.active >= slots.cap:
+                slots.waiting.append((claim, now))
+            else:
+                self._start(claim, slots)
+
+    # Sending
+
+    def _start(self, claim: Claim, slots: _DestinationSlots) -> None:
+        slots.active += 1
+        task = self.loop.create_task(self._send(claim, slots))
+        self.sends.add(task)
+        task.add_done_callback(self.sends.discard)
+
+    async def _send(self, claim: Claim, slots: _DestinationSlots) -> None:
+        try:
+            body = claim.payload.encode()
+            try:
+                headers = build_headers(
+                    claim.secrets, message_id(claim.event_id), int(time.time()), body
+                )
+            except ValueError as exc:  # a malformed secret: a failed attempt, not a crash
+                self._add_result(self._failure(claim, _utcnow(), None, None, f"signing: {exc}"))
+                return
+            timeout_ms = min(claim.timeout_ms, self.settings.max_timeout_ms)
+            try:
+                response = await self.http.post_checked(
+                    claim.url, headers, body, timeout_ms, self.settings.allow_private_targets
+                )
+            except asyncio.CancelledError:
+                # The drain deadline passed with this request unanswered.
+                self._add_result(Result(claim.id, claim.attempt, "released", _utcnow()))
+                raise
+            self._add_result(self._outcome(claim, response))
+        finally:
+            self._finished(slots, claim.destination_id)
+
+    def _finished(self, slots: _DestinationSlots, destination_id: int) -> None:
+        slots.active -= 1
+        self.held -= 1
+        if slots.waiting and not self.stopping:
+            claim, _ = slots.waiting.popleft()
+            self._start(claim, slots)
+        elif slots.active == 0 and not slots.waiting:
+            self.destinations.pop(destination_id, None)
+        if self.capacity - self.held >= self.claim_threshold:
+            self.room.set()
+
+    def _release(self, claim: Claim) -> None:
+        """Give back a claim that was never sent: the attempt is undone."""
+        self.held -= 1
+        self._add_result(Result(claim.id, claim.attempt, "released", _utcnow()))
+
+    def _outcome(self, claim: Claim, response: HttpResult) -> Result:
+        started = dt.datetime.fromtimestamp(response.started_at, dt.UTC)
+        duration = int(response.duration_ms)
+        status = response.status_code
+        body = (
+            response.body[:STORED_BODY_BYTES].decode("utf-8", "replace")
+            if response.body else None
+        )
+        if response.ok:
+            return Result(claim.id, claim.attempt, "delivered", started, duration, status,
+                          None, body)
+        if status == 410 and response.error is None:
+            # The destination is disabled by record_results; the delivery waits for it.
+            schedule = self.settings.retry_schedule
+            delay = retry_delay(schedule, claim.attempt) or schedule[-1]
+            return Result(claim.id, claim.attempt, "gone", started, duration, status,
+                          "HTTP 410", body, _utcnow() + dt.timedelta(seconds=delay))
+        retry_after = response.retry_after if status in (429, 503) else None
+        return self._failure(
+            claim, started, duration, status, response.error or f"HTTP {status}", body,
+            retry_after,
+        )
+
+    def _failure(
+        self, claim: Claim, started: dt.datetime, duration: int | None, status: int | None,
+        error: str, body: str | None = None, retry_after: float | None = None,
+    ) -> Result:
+        delay = retry_delay(self.settings.retry_schedule, claim.attempt)
+        if delay is None:
+            return Result(claim.id, claim.attempt, "dead", started, duration, status, error, body)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, MAX_RETRY_AFTER_S))
+        return Result(claim.id, claim.attempt, "retry", started, duration, status, error, body,
+                      _utcnow() + dt.timedelta(seconds=delay))
+
+    async def _sweep_loop(self) -> None:
+        """Release claims that waited for their destination's cap too long for their lease."""
+        lease_ms = self.settings.lease_ms
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            now = time.monotonic()
+            for slots in list(self.destinations.values()):
+                waiting = slots.waiting
+                while waiting:
+                    claim, since = waiting[0]
+                    allowed_ms = lease_ms - claim.timeout_ms - LEASE_SAFETY_MS
+                    if (now - since) * 1000 < allowed_ms:
+                        break
+                    waiting.popleft()
+                    self._release(claim)
+            self.room.set()
+
+    # Recording
+
+    def _add_result(self, result: Result) -> None:
+        results = self.results
+        results.append(result)
+        if len(results) >= FLUSH_SIZE:
+            self.flush_wanted.set()
+        elif len(results) == 1:
+            self.loop.call_later(FLUSH_INTERVAL_S, self.flush_wanted.set)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            if not self.closing:
+                await self.flush_wanted.wait()
+            self.flush_wanted.clear()
+            if self.results:
+                batch, self.results = self.results, []
+                self.flushing = len(batch)
+                await self._record(batch)
+                self.flushing = 0
+                self.room.set()
+            elif self.closing:
+                return
+
+    async def _record(self, batch: list[Result]) -> None:
+        """Record one batch, retrying through database outages: outcomes are not dropped
+        (if this process dies meanwhile, the supervisor or the reaper returns the claims)."""
+        while True:
+            try:
+                await queue_async.record_results(self.flush_conn, self.worker, batch, self.breaker)
+                return
+            except psycopg.OperationalError as exc:
+                log_event("worker_record_failed", worker=self.worker, error=str(exc))
+                await self.flush_conn.close()
+                await asyncio.sleep(RECONNECT_DELAY_S)
+                self.flush_conn = await self._connect(listen=False)
+
+
+def run_worker_process(settings: Settings, dsn: str) -> int:
+    """Entry point of a forked worker child. SIGINT is left to the supervisor (a Ctrl-C
+    reaches the whole process group); SIGTERM starts the drain."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    uvloop.run(DeliveryWorker(settings, dsn).run())
+    return 0
