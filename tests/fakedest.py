@@ -91,6 +91,12 @@ class FakeDestination:
             proc.stdout.close()
 
     @property
+    def pid(self) -> int:
+        """The Node process id (benchmarks account its CPU time)."""
+        assert self._proc is not None, "FakeDestination is not running"
+        return self._proc.pid
+
+    @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 

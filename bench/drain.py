@@ -1,0 +1,219 @@
+"""Drain benchmarks: how fast `engine --procs N` empties a backlog of pending deliveries.
+
+    python bench/drain.py [drain-fast|drain-slow|all] [--dsn URL] [--procs 2]
+                          [--count N] [--max-in-flight 512]
+
+drain-fast: 20,000 deliveries to a destination that answers at once; drain-slow: 10,000 to
+one that answers after 100 ms. Without --dsn, a durable PostgreSQL (fsync and
+synchronous_commit on) is started in a temporary folder. The destination is
+bench/fakedest.mjs (it does not check signatures here: that would measure Node's HMAC, and
+the tests check them). Reported: deliveries/s from the first to the last request the
+destination saw, CPU seconds of the engine, PostgreSQL and the destination process trees
+(and per delivery), the destination's highest concurrency, duplicates, and the machine's
+load, since other work on the machine skews every number. JSON on stdout and under
+bench/reports/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine import queue  # noqa: E402
+from engine.embedded import ensure_server  # noqa: E402
+from engine.migrate import migrate  # noqa: E402
+from engine.queue import EventIn  # noqa: E402
+from tests.fakedest import FakeDestination  # noqa: E402
+
+SCENARIOS = {
+    # name: (deliveries, fakedest path)
+    "drain-fast": (20_000, "fast/drain"),
+    "drain-slow": (10_000, "slow/100/drain"),
+}
+BENCH_DB = "engine_bench_drain"
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+ENQUEUE_BATCH = 5000
+TIMEOUT_S = 300.0
+# About 1 KB of JSON, as in the peers' measurements.
+PAYLOAD = json.dumps({"type": "order.created", "data": {"items": ["x" * 40] * 20, "n": 0}})
+
+
+def tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of a process and all its descendants, by pid."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    seconds = {}
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        seconds[proc.pid] = times.user + times.system
+    return seconds
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(value - before.get(pid, 0.0) for pid, value in after.items())
+
+
+def fresh_database(admin_dsn: str) -> str:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        name = sql.Identifier(BENCH_DB)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+    params = conninfo_to_dict(admin_dsn)
+    params["dbname"] = BENCH_DB
+    dsn = make_conninfo(**params)
+    migrate(dsn)
+    return dsn
+
+
+def postmaster_pid(conn: psycopg.Connection) -> int:
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return psutil.Process(int(row[0])).ppid()
+
+
+def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, object]:
+    count, path = SCENARIOS[name]
+    count = args.count or count
+    dsn = fresh_database(admin_dsn)
+    with (
+        FakeDestination(extra_args=["--keep", "0"]) as dest,
+        psycopg.connect(dsn, autocommit=True) as conn,
+    ):
+        row = conn.execute(
+            "INSERT INTO destinations (url, secret) VALUES (%s, %s) RETURNING id",
+            (dest.url(path), SECRET),
+        ).fetchone()
+        assert row is not None
+        destination = int(row[0])
+        for start in range(0, count, ENQUEUE_BATCH):
+            events = [
+                EventIn("order.created", PAYLOAD, [destination])
+                for _ in range(min(ENQUEUE_BATCH, count - start))
+            ]
+            with conn.transaction():
+                queue.enqueue_events(conn, events)
+        conn.execute("VACUUM ANALYZE deliveries, events, destinations")
+        settings = {
+            key: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(key))).fetchone()[0]
+            for key in ("fsync", "synchronous_commit", "server_version")
+        }
+        pg_pid = postmaster_pid(conn)
+
+        command = [
+            sys.executable, "-m", "engine.cli", "--dsn", dsn, "--procs", str(args.procs),
+            "--allow-private-targets", "--max-in-flight", str(args.max_in_flight),
+        ]
+        load_before = os.getloadavg()
+        pg_before = tree_cpu(pg_pid)
+        dest_before = tree_cpu(dest.pid)
+        engine = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            stats: dict[str, object] = {}
+            while time.monotonic() < deadline:
+                stats = dest.name_stats("drain")
+                if int(stats.get("delivered_ids", 0)) >= count:  # type: ignore[call-overload]
+                    break
+                time.sleep(0.1)
+            engine_cpu = cpu_delta({}, tree_cpu(engine.pid))
+            pg_cpu = cpu_delta(pg_before, tree_cpu(pg_pid))
+            dest_cpu = cpu_delta(dest_before, tree_cpu(dest.pid))
+            load_after = os.getloadavg()
+        finally:
+            engine.send_signal(signal.SIGTERM)
+            engine.wait(60)
+        pending = conn.execute("SELECT count(*) FROM deliveries").fetchone()
+        finished = conn.execute(
+            "SELECT count(*) FROM finished_deliveries WHERE status = 'delivered'"
+        ).fetchone()
+
+    delivered = int(stats.get("delivered_ids", 0))  # type: ignore[call-overload]
+    span_s = (int(stats["last_request_ms"]) - int(stats["first_request_ms"])) / 1000  # type: ignore[call-overload]
+    per_delivery = 1e6 / max(delivered, 1)
+    return {
+        "scenario": name,
+        "deliveries": count,
+        "delivered_at_destination": delivered,
+        "recorded_delivered": finished[0] if finished else None,
+        "left_in_queue": pending[0] if pending else None,
+        "duplicates": stats.get("duplicates"),
+        "span_s": round(span_s, 3),
+        "deliveries_per_s": round(delivered / span_s) if span_s > 0 else None,
+        "max_in_flight_at_destination": stats.get("max_concurrent"),
+        "cpu_s": {
+            "engine": round(engine_cpu, 2),
+            "postgres": round(pg_cpu, 2),
+            "destination": round(dest_cpu, 2),
+        },
+        "cpu_us_per_delivery": {
+            "engine": round(engine_cpu * per_delivery, 1),
+            "postgres": round(pg_cpu * per_delivery, 1),
+            "destination": round(dest_cpu * per_delivery, 1),
+        },
+        "load_avg_before": load_before,
+        "load_avg_after": load_after,
+        "cpus": os.cpu_count(),
+        "postgres": settings,
+        "engine_command": " ".join(command[1:]),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("scenario", nargs="?", default="all", choices=[*SCENARIOS, "all"])
+    parser.add_argument("--dsn", help="PostgreSQL server to use (a database is created on it)")
+    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--count", type=int, help="deliveries (default: the scenario's)")
+    parser.add_argument("--max-in-flight", type=int, default=512)
+    args = parser.parse_args()
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+
+    folder = None
+    server = None
+    admin_dsn = args.dsn
+    if admin_dsn is None:
+        folder = Path(tempfile.mkdtemp(prefix="engine-bench-pg-"))
+        server = ensure_server(folder / "data", durable=True)
+        admin_dsn = server.dsn
+    reports = ROOT / "bench" / "reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    try:
+        for name in names:
+            report = run_scenario(name, admin_dsn, args)
+            text = json.dumps(report, indent=2)
+            print(text, flush=True)
+            stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+            (reports / f"{name}-{stamp}.json").write_text(text + "\n")
+    finally:
+        if server is not None:
+            server.stop()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
