@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     _add_common(sub.add_parser("run", help="run the engine (the default)"))
     _add_common(sub.add_parser("migrate", help="apply database migrations and exit"))
+    _add_common(sub.add_parser(
+        "maintenance", help="run only the maintenance process (reaper, retention; one leader)"
+    ))
     return parser
 
 
@@ -81,7 +84,19 @@ def cmd_run(settings: Settings) -> int:
     return run_supervisor(settings)
 
 
+def cmd_maintenance(settings: Settings) -> int:
+    from engine.maintenance import run_maintenance
+
+    database = open_database(settings)
+    try:
+        run_maintenance(settings, database.dsn)
+    finally:
+        database.close()
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Settings], int]] = {
+    "maintenance": cmd_maintenance,
     "run": cmd_run,
     "migrate": cmd_migrate,
 }

@@ -1,0 +1,128 @@
+"""The maintenance process: one leader per cluster runs the housekeeping jobs.
+
+Every host may run one; the holder of the leader lock (engine/leader.py) does the work and
+the others poll to take over. Jobs, each in bounded batches of short transactions:
+- reaper: claims whose lease ran out (a lost host) go back to pending;
+- retention: finished deliveries, their attempts and then unreferenced events older than
+  `retention_days` are deleted.
+Each job run that did something logs one JSON line to stderr; so do leadership changes.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import msgspec
+import psycopg
+
+from engine import queue
+from engine.config import Settings
+from engine.leader import Leadership
+from engine.retention import run_retention
+
+TICK_S = 1.0
+REAPER_INTERVAL_S = 5.0
+RETENTION_INTERVAL_S = 300.0
+RETENTION_BUDGET_S = 20.0
+
+_encoder = msgspec.json.Encoder()
+
+
+def log_event(**fields: Any) -> None:
+    fields = {"ts": round(time.time(), 3), "role": "maintenance", **fields}
+    sys.stderr.write(_encoder.encode(fields).decode() + "\n")
+    sys.stderr.flush()
+
+
+class Job:
+    def __init__(self, name: str, interval_s: float,
+                 run: Callable[[psycopg.Connection], dict[str, Any]]) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.run = run
+        self.next_at = 0.0  # run at once on becoming leader
+
+
+def _jobs(settings: Settings, leadership: Leadership) -> list[Job]:
+    def reaper(conn: psycopg.Connection) -> dict[str, Any]:
+        return {"returned": queue.reap_expired(conn, settings.max_attempts)}
+
+    def retention(conn: psycopg.Connection) -> dict[str, Any]:
+        report = run_retention(
+            conn, settings.retention_days, budget_s=RETENTION_BUDGET_S,
+            keep_going=leadership.heartbeat,
+        )
+        return asdict(report) | {"retention_days": settings.retention_days}
+
+    return [Job("reaper", REAPER_INTERVAL_S, reaper),
+            Job("retention", RETENTION_INTERVAL_S, retention)]
+
+
+def _did_something(outcome: dict[str, Any]) -> bool:
+    return any(isinstance(v, int) and not isinstance(v, bool) and v > 0
+               for k, v in outcome.items() if k != "batches")
+
+
+def run_maintenance(settings: Settings, dsn: str,
+                    stop: threading.Event | None = None) -> None:
+    """Run until `stop` is set (or SIGTERM/SIGINT when run as a process's main thread)."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    leadership = Leadership(dsn)
+    jobs = _jobs(settings, leadership)
+    work_conn: psycopg.Connection | None = None
+    try:
+        while not stop.is_set():
+            was_leader = leadership.held
+            try:
+                leader = leadership.try_acquire()
+            except psycopg.Error as exc:
+                log_event(event="leader_error", error=str(exc))
+                leader = False
+            if leader and not was_leader:
+                log_event(event="leader_acquired")
+                for job in jobs:
+                    job.next_at = 0.0
+            elif was_leader and not leader:
+                log_event(event="leader_lost")
+            if leader:
+                work_conn = _run_due_jobs(jobs, dsn, work_conn, stop)
+            stop.wait(TICK_S)
+    finally:
+        if work_conn is not None:
+            work_conn.close()
+        if leadership.held:
+            log_event(event="leader_released")
+        leadership.release()
+
+
+def _run_due_jobs(jobs: list[Job], dsn: str, conn: psycopg.Connection | None,
+                  stop: threading.Event) -> psycopg.Connection | None:
+    for job in jobs:
+        if stop.is_set() or time.monotonic() < job.next_at:
+            continue
+        job.next_at = time.monotonic() + job.interval_s
+        started = time.monotonic()
+        try:
+            if conn is None or conn.closed:
+                conn = psycopg.connect(dsn, autocommit=True, connect_timeout=5,
+                                       application_name="engine maintenance")
+            outcome = job.run(conn)
+        except psycopg.Error as exc:
+            log_event(job=job.name, error=str(exc))
+            if conn is not None:
+                conn.close()
+            conn = None
+            continue
+        if _did_something(outcome):
+            log_event(job=job.name, ms=round((time.monotonic() - started) * 1000, 1),
+                      **outcome)
+    return conn

@@ -1,0 +1,147 @@
+"""Maintenance: retention removes exactly what is old; the leader fails over when killed;
+the reaper runs under the leader."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+
+from engine import queue
+from engine.queue import EventIn, Result
+from engine.retention import run_retention
+from tests.test_queue import LEASE_MS, add_destination, now
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE = [sys.executable, "-c", "from engine.cli import main; raise SystemExit(main())"]
+
+
+def test_retention_removes_exactly_what_is_old(conn: psycopg.Connection) -> None:
+    dest = add_destination(conn)
+    with conn.transaction():
+        events = [e for e, _ in queue.enqueue_events(
+            conn, [EventIn("t", str(i), [dest]) for i in range(12)])]
+    with conn.transaction():
+        nobody = queue.enqueue_events(conn, [EventIn("t", "x", [])])[0][0]  # no delivery
+    claims = {c.event_id: c for c in queue.claim_batch(conn, "w", 10, LEASE_MS)}
+    t = now(conn)
+    # events[0:10] finish (delivered, or dead after one attempt each), 10 and 11 stay queued.
+    queue.record_results(conn, "w", [
+        Result(claims[e].id, 1, "delivered" if i % 2 else "dead", t, 3, 200)
+        for i, e in enumerate(events[:10])
+    ])
+    old_finished = events[:7]  # completed long ago
+    old_event_recent_finish = events[7]  # event old, delivery finished recently: kept
+    conn.execute("UPDATE events SET created_at = now() - interval '40 days'"
+                 " WHERE id = ANY(%s)", [[*events[:8], events[10], nobody]])
+    conn.execute("UPDATE finished_deliveries SET completed_at = now() - interval '31 days'"
+                 " WHERE event_id = ANY(%s)", [old_finished])
+    delivery_of = dict(conn.execute(
+        "SELECT event_id, id FROM finished_deliveries").fetchall())
+
+    report = run_retention(conn, retention_days=30, batch=3)
+
+    assert (report.finished_deliveries, report.delivery_attempts) == (7, 7)
+    assert report.events == 7 + 1 and report.complete
+    assert report.batches == 3 + 3  # batches of at most 3: 3+3+1 finished, 3+3+2 events
+    left_events = {r[0] for r in conn.execute("SELECT id FROM events").fetchall()}
+    assert left_events == set(events[7:])
+    left_finished = {r[0] for r in conn.execute(
+        "SELECT event_id FROM finished_deliveries").fetchall()}
+    assert left_finished == {old_event_recent_finish, events[8], events[9]}
+    left_attempts = {r[0] for r in conn.execute(
+        "SELECT delivery_id FROM delivery_attempts").fetchall()}
+    assert left_attempts == {delivery_of[e] for e in left_finished}
+    # The queued old event (events[10]) keeps its delivery and its row.
+    assert conn.execute("SELECT count(*) FROM deliveries").fetchone() == (2,)
+
+
+class Proc:
+    """A maintenance process whose stderr JSON lines are collected as they come."""
+
+    def __init__(self, dsn: str, config: Path) -> None:
+        self.lines: list[dict] = []
+        self.popen = subprocess.Popen(
+            [*ENGINE, "maintenance", "--dsn", dsn, "--config", str(config)],
+            cwd=REPO, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.popen.stderr is not None
+        for line in self.popen.stderr:
+            try:
+                self.lines.append(json.loads(line))
+            except ValueError:
+                self.lines.append({"raw": line})
+
+    def events(self, name: str) -> int:
+        return sum(1 for line in self.lines if line.get("event") == name)
+
+    def wait_for(self, name: str, timeout: float) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if self.events(name):
+                return time.monotonic() - started
+            time.sleep(0.05)
+        raise AssertionError(f"no {name} within {timeout}s: {self.lines}")
+
+
+@contextmanager
+def maintenance_procs(dsn: str, tmp_path: Path, count: int) -> Iterator[list[Proc]]:
+    config = tmp_path / "engine.toml"
+    config.write_text("retention_days = 30\n")
+    procs = [Proc(dsn, config) for _ in range(count)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+
+
+def test_leader_fails_over_when_killed(dsn: str, conn: psycopg.Connection,
+                                       tmp_path: Path) -> None:
+    with maintenance_procs(dsn, tmp_path, 1) as (first,):
+        first.wait_for("leader_acquired", 30)
+        with maintenance_procs(dsn, tmp_path, 1) as (second,):
+            time.sleep(2.5)  # a couple of polls: the lock is taken, it must stay a follower
+            assert second.popen.poll() is None and second.events("leader_acquired") == 0
+            # An expired claim is reaped by the leader.
+            add_destination(conn)
+            with conn.transaction():
+                queue.enqueue_events(conn, [EventIn("t", "{}")])
+            queue.claim_batch(conn, "lost-host:1", 1, 1)
+            first.popen.send_signal(signal.SIGKILL)
+            first.popen.wait(10)
+            took = second.wait_for("leader_acquired", 15)
+            assert took < 15
+            deadline = time.monotonic() + 15
+            while conn.execute("SELECT count(*) FROM deliveries WHERE status = 'pending'"
+                               ).fetchone() != (1,):
+                assert time.monotonic() < deadline, second.lines
+                time.sleep(0.1)
+            assert any(line.get("job") == "reaper" and line.get("returned") == 1
+                       for line in second.lines)
+            holders = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND objsubid = 1").fetchone()
+            assert holders == (1,)
+        assert second.popen.returncode == 0
+        assert second.events("leader_released") == 1
