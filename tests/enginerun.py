@@ -1,0 +1,97 @@
+"""Run `python -m engine.cli` as a real subprocess for a test, and read its JSON log."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+class Engine:
+    """`engine --dsn DSN ...` for the length of a `with` block; stderr goes to a file."""
+
+    def __init__(self, dsn: str, log_dir: Path, *args: str) -> None:
+        self.argv = [sys.executable, "-m", "engine.cli", "--dsn", dsn, *args]
+        self.log_path = log_dir / "engine.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Self:
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for child in children:  # only if the supervisor itself failed to end them
+            if child.is_running():
+                child.kill()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        records = []
+        for line in self.log_path.read_text().splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                if name is None or record.get("event") == name:
+                    records.append(record)
+        return records
+
+    def worker_pids(self) -> list[int]:
+        """Worker children started and not yet reported dead."""
+        started, exited = [], set()
+        for record in self.events():
+            if record.get("role") != "worker":
+                continue
+            if record["event"] in ("child_started", "child_restarted"):
+                started.append(record["child"])
+            elif record["event"] == "child_exited":
+                exited.add(record["child"])
+        return [pid for pid in started if pid not in exited]
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)

@@ -1,0 +1,252 @@
+"""Delivery workers and the supervisor as real processes, POSTing over loopback to the fake
+destination (bench/fakedest.mjs), signatures checked by the independent `standardwebhooks`
+package."""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+from standardwebhooks import Webhook
+
+from engine import queue
+from engine.queue import EventIn
+from engine.signing import generate_secret
+from tests.enginerun import Engine, wait_until
+from tests.fakedest import FakeDestination
+from tests.test_queue import add_destination
+
+# Short retries so a test sees several attempts; a breaker that never opens unless a
+# test asks for it (breaker behaviour has its own tests).
+SCHEDULE = "200ms,200ms,200ms,200ms,200ms"
+MAX_ATTEMPTS = 6
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "engine.toml"
+    path.write_text("breaker_threshold = 1000\n")
+    return path
+
+
+def engine(dsn: str, tmp_path: Path, config: Path, *args: str) -> Engine:
+    return Engine(
+        dsn, tmp_path, "--config", str(config), "--allow-private-targets",
+        "--retry-schedule", SCHEDULE, *args,
+    )
+
+
+def enqueue(conn: psycopg.Connection, payloads: list[str], destinations: list[int]) -> list[int]:
+    with conn.transaction():
+        answers = queue.enqueue_events(
+            conn, [EventIn("test.event", p, destinations) for p in payloads]
+        )
+    return [int(event_id) for event_id, _ in answers if event_id is not None]
+
+
+def finished(conn: psycopg.Connection, destination: int, status: str = "delivered") -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM finished_deliveries WHERE destination_id = %s AND status = %s",
+        [destination, status],
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def count(conn: psycopg.Connection, query: str, *params: object) -> int:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_delivers_signed_through_fast_slow_flaky_and_dead_destinations(
+    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path
+) -> None:
+    secret, old_secret = generate_secret(), generate_secret()
+    with FakeDestination(secrets=[secret]) as fake:
+        fast = add_destination(conn, url=fake.url("fast/fast"), secret=secret)
+        slow = add_destination(conn, url=fake.url("slow/300/slow"), secret=secret)
+        flaky = add_destination(conn, url=fake.url("flaky/40/flaky"), secret=secret)
+        dead = add_destination(conn, url=fake.url("dead/dead"), secret=secret, timeout_ms=300)
+        rotated = add_destination(
+            conn, url=fake.url("fast/rotated"), secret=secret, previous_secret=old_secret,
+            previous_secret_until=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1),
+        )
+        # Bytes a re-encoding would change: spacing, key order, escapes, non-ASCII.
+        odd = '{"b" :  1, "a":"caf\\u00e9 ☕",\n "n": 1.50}'
+        payloads = [odd] + [f'{{"n": {i}}}' for i in range(39)]
+        event_ids = enqueue(conn, payloads, [fast, slow, flaky])
+        enqueue(conn, payloads[:3], [dead])
+        (rotated_event,) = enqueue(conn, [odd], [rotated])
+
+        with engine(dsn, tmp_path, config, "--procs", "2"):
+            for destination in (fast, slow, flaky):
+                wait_until(lambda d=destination: finished(conn, d) == 40, 30, "40 delivered")
+            wait_until(lambda: finished(conn, dead, "dead") == 3, 30, "dead deliveries")
+            wait_until(lambda: finished(conn, rotated) == 1, 30, "rotated delivered")
+
+        for name in ("fast", "slow", "flaky", "rotated"):
+            stats = fake.name_stats(name)
+            assert stats["sig_bad"] == 0 and stats["sig_ok"] == stats["requests"], stats
+        flaky_stats = fake.name_stats("flaky")
+        assert flaky_stats["requests"] > 40  # some attempts failed and were retried
+        assert flaky_stats["delivered_ids"] == 40
+
+        # Independent verification of what arrived: signature, id and body bytes.
+        verifier = Webhook(secret)
+        by_id: dict[str, set[bytes]] = {}
+        for name in ("fast", "slow", "flaky"):
+            for request in fake.requests(name):
+                headers = request["headers"]
+                verifier.verify(request["body"], headers)
+                by_id.setdefault(headers["webhook-id"], set()).add(request["body"])
+                assert headers["content-type"] == "application/json"
+                assert headers["user-agent"].startswith("engine/")
+        # The webhook-id names the event: the same for every destination and retry.
+        first = f"evt_{event_ids[0]}"
+        assert by_id[first] == {odd.encode()}
+        assert {f"evt_{e}" for e in event_ids} >= set(by_id)
+        # Retried, yet one webhook-id per event: the id did not change between attempts.
+        assert flaky_stats["distinct_ids"] == 40
+
+        # During rotation both secrets sign; each alone verifies.
+        (request,) = fake.requests("rotated")
+        assert len(request["headers"]["webhook-signature"].split(" ")) == 2
+        for key in (secret, old_secret):
+            Webhook(key).verify(request["body"], request["headers"])
+        assert request["headers"]["webhook-id"] == f"evt_{rotated_event}"
+        assert request["body"] == odd.encode()
+
+    # History: every attempt of the dead destination timed out and the last error is kept.
+    rows = conn.execute(
+        "SELECT a.error, a.status_code FROM delivery_attempts a"
+        " JOIN finished_deliveries f ON f.id = a.delivery_id WHERE f.destination_id = %s",
+        [dead],
+    ).fetchall()
+    assert len(rows) == 3 * MAX_ATTEMPTS
+    assert {error for error, _ in rows} == {"timeout"}
+    assert count(conn, "SELECT count(*) FROM finished_deliveries WHERE destination_id = %s"
+                 " AND last_error = 'timeout'", dead) == 3
+    assert count(conn, "SELECT count(*) FROM deliveries") == 0
+
+
+def test_outcomes_410_429_and_exhausted_attempts(
+    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path
+) -> None:
+    with FakeDestination() as fake:
+        gone = add_destination(conn, url=fake.url("status/410/gone"))
+        limited = add_destination(conn, url=fake.url("429/30/limited"))
+        spent = add_destination(conn, url=fake.url("fast/spent"))
+        enqueue(conn, ["{}"], [gone, limited])
+        enqueue(conn, ["{}"], [spent])
+        # Lost attempts (dead workers) used every attempt up: the next claim must not send.
+        conn.execute("UPDATE deliveries SET attempt = %s WHERE destination_id = %s",
+                     [MAX_ATTEMPTS, spent])
+        with engine(dsn, tmp_path, config, "--procs", "1"):
+            wait_until(lambda: finished(conn, spent, "dead") == 1, 20, "exhausted -> dead")
+            wait_until(lambda: count(conn, "SELECT count(*) FROM delivery_attempts") >= 2, 20,
+                       "attempts recorded")
+            wait_until(lambda: count(
+                conn, "SELECT count(*) FROM deliveries WHERE status = 'pending'") == 2, 20,
+                "both back to pending")
+        assert fake.name_stats("spent") == {}
+        assert fake.name_stats("limited")["requests"] == 1  # Retry-After: 30 s, not 200 ms
+
+    disabled, reason = conn.execute(
+        "SELECT disabled, disabled_reason FROM destinations WHERE id = %s", [gone]).fetchone()
+    assert disabled and "410" in reason
+    waits = dict(conn.execute(
+        "SELECT destination_id, next_attempt_at - now() FROM deliveries").fetchall())
+    assert waits[limited] > dt.timedelta(seconds=20)  # Retry-After honoured over 200 ms
+    assert count(conn, "SELECT count(*) FROM finished_deliveries WHERE destination_id = %s"
+                 " AND last_error = 'attempts exhausted'", spent) == 1
+
+
+def test_kill_9_of_a_worker_loses_nothing_and_resends_only_what_was_in_flight(
+    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path
+) -> None:
+    total = 200
+    with FakeDestination() as fake:
+        slow = add_destination(conn, url=fake.url("slow/1000/k"))
+        enqueue(conn, [f'{{"n": {i}}}' for i in range(total)], [slow])
+        with engine(dsn, tmp_path, config, "--procs", "1", "--max-in-flight", "60") as run:
+            wait_until(lambda: fake.name_stats("k").get("in_flight", 0) >= 30, 20,
+                       "requests in flight")
+            (victim,) = run.worker_pids()
+            psutil.Process(victim).kill()
+            wait_until(lambda: run.events("claims_released"), 10, "claims released")
+            wait_until(lambda: len(run.worker_pids()) == 1 and run.worker_pids() != [victim],
+                       10, "worker restarted")
+            wait_until(lambda: finished(conn, slow) == total, 40, "everything delivered")
+        (released,) = run.events("claims_released")
+        assert released["worker"].endswith(f":{victim}")
+        stats = fake.name_stats("k")
+    assert stats["delivered_ids"] == total
+    assert 0 < released["count"] <= 60
+    assert stats["duplicates"] <= released["count"]
+    lost = count(conn, "SELECT count(*) FROM delivery_attempts WHERE error = 'worker exited'")
+    assert lost == released["count"]
+    assert count(conn, "SELECT count(*) FROM deliveries") == 0
+
+
+def test_sigterm_drains_and_a_second_signal_exits_at_once(
+    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path
+) -> None:
+    with FakeDestination() as fake:
+        slow = add_destination(conn, url=fake.url("slow/1500/s"))
+        hanging = add_destination(conn, url=fake.url("dead/h"), timeout_ms=20_000)
+        enqueue(conn, ["{}"] * 100, [slow])
+        enqueue(conn, ["{}"] * 20, [hanging])
+        with engine(dsn, tmp_path, config, "--procs", "2", "--max-in-flight", "50",
+                    "--drain-deadline", "4") as run:
+            wait_until(lambda: fake.name_stats("s").get("in_flight", 0) >= 20
+                       and fake.name_stats("h").get("in_flight", 0) == 20, 20, "in flight")
+            run.signal(signal.SIGTERM)
+            assert run.wait(4 + 10) == 0
+        assert [e["event"] for e in run.events() if e["event"].startswith("drain")] == [
+            "drain_begun", "drain_finished"]
+        answered = fake.name_stats("s")["delivered_ids"]
+    # Answered requests were recorded; the hanging ones went back unsent-equivalent.
+    assert count(conn, "SELECT count(*) FROM deliveries WHERE status = 'in_flight'") == 0
+    assert finished(conn, slow) == answered
+    assert count(conn, "SELECT count(*) FROM deliveries WHERE destination_id = %s"
+                 " AND status = 'pending' AND attempt = 0", hanging) == 20
+
+    # A second signal: no waiting for the hanging requests; their claims still go back.
+    with FakeDestination() as fake:
+        conn.execute("UPDATE destinations SET url = %s WHERE id = %s",
+                     [fake.url("dead/h2"), hanging])
+        with engine(dsn, tmp_path, config, "--procs", "1", "--drain-deadline", "60") as run:
+            wait_until(lambda: fake.name_stats("h2").get("in_flight", 0) == 20, 20,
+                       "hanging requests")
+            run.signal(signal.SIGTERM)
+            wait_until(lambda: run.events("drain_begun"), 5, "drain begun")
+            run.signal(signal.SIGINT)
+            assert run.wait(10) != 0
+        assert run.events("exit_now")
+    assert count(conn, "SELECT count(*) FROM deliveries WHERE status = 'in_flight'") == 0
+
+
+def test_hanging_requests_hold_no_database_connections(
+    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path
+) -> None:
+    procs = 2
+    with FakeDestination() as fake:
+        hanging = add_destination(conn, url=fake.url("dead/pg"), timeout_ms=25_000)
+        enqueue(conn, ["{}"] * 300, [hanging])
+        with engine(dsn, tmp_path, config, "--procs", str(procs), "--drain-deadline", "1"):
+            wait_until(lambda: fake.name_stats("pg").get("in_flight", 0) == 300, 30,
+                       "300 hanging requests")
+            dbname = conn.info.dbname
+            rows = conn.execute(
+                "SELECT state, application_name FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()", [dbname],
+            ).fetchall()
+    engine_rows = [r for r in rows if r[1].startswith("engine")]
+    assert len(engine_rows) <= procs * 2, rows
+    assert len(rows) == len(engine_rows), rows  # nothing else of ours is connected
+    assert all(state != "idle in transaction" for state, _ in rows), rows
