@@ -91,6 +91,8 @@ def prepare_multiprocess_dir() -> str:
     A fresh folder per run: files left by a previous run would be summed in."""
     folder = tempfile.mkdtemp(prefix="engine-metrics-")
     os.environ[MULTIPROC_ENV] = folder
+    # Metrics created from now on, here or in a forked child, write to the folder.
+    values.ValueClass = values.get_value_class()
     return folder
 
 
@@ -98,6 +100,7 @@ def remove_multiprocess_dir(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     if os.environ.get(MULTIPROC_ENV) == folder:
         del os.environ[MULTIPROC_ENV]
+        values.ValueClass = values.get_value_class()
 
 
 def child_exited(pid: int) -> None:
@@ -114,9 +117,15 @@ class DatabaseCollector(Collector):
         self.dsn = dsn
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
-            conn.execute("SET statement_timeout = '5s'")
-            rows = psycopg.RawCursor(conn).execute(queries.METRICS_GAUGES).fetchall()
+        try:
+            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+                conn.execute("SET statement_timeout = '5s'")
+                rows = psycopg.RawCursor(conn).execute(queries.METRICS_GAUGES).fetchall()
+        except psycopg.Error:
+            # A scrape still answers (process metrics are worth having in an outage).
+            yield GaugeMetricFamily("engine_database_up", "Database reachable", value=0)
+            return
+        yield GaugeMetricFamily("engine_database_up", "Database reachable", value=1)
         yield from database_families(rows)
 
 
@@ -159,8 +168,10 @@ def database_families(rows: list[tuple[str, str, float]]) -> Iterator[GaugeMetri
     yield family
 
 
-def render(dsn: str | None) -> bytes:
-    """The /metrics body: every process's samples plus the database gauges (when `dsn`)."""
+def render(dsn: str | None, local: Collector | None = None) -> bytes:
+    """The /metrics body: every process's samples plus the database gauges (when `dsn`).
+    `local` is a process's own registry (ingress keeps one), rendered only outside
+    multiprocess mode: in it, its samples are already in the shared files."""
     registry = CollectorRegistry()
     folder = os.environ.get(MULTIPROC_ENV)
     if folder:
@@ -169,6 +180,8 @@ def render(dsn: str | None) -> bytes:
         # One process (tests, tools): its instruments live in the default registry.
         instruments()
         registry.register(REGISTRY)
+        if local is not None:
+            registry.register(local)
     if dsn:
         registry.register(DatabaseCollector(dsn))
     return generate_latest(registry)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from engine import queue
+from engine import metrics, queue
 from engine.config import Settings
 from engine.database import open_database
 from engine.migrate import migrate
@@ -66,8 +66,16 @@ def _run_worker(context: ChildContext) -> int:
     return run_worker_process(context.settings, context.dsn)
 
 
+def _run_maintenance(context: ChildContext) -> int:
+    from engine.maintenance import run_maintenance
+
+    run_maintenance(context.settings, context.dsn)
+    return 0
+
+
 ROLES: list[ChildRole] = [
     ChildRole("worker", lambda s: s.procs, _run_worker, holds_claims=True),
+    ChildRole("maintenance", lambda s: 1, _run_maintenance),
     # Ingress (uses_listen_socket=True) and maintenance register here.
 ]
 
@@ -221,6 +229,7 @@ class Supervisor:
         lived = now - slot.started_at
         log_event("child_exited", role=slot.role.name, index=slot.index, child=pid,
                   lived_s=round(lived, 3), **_exit_description(status))
+        metrics.child_exited(pid)
         if slot.role.holds_claims:
             self._release_claims(pid)
         slot.quick_failures = slot.quick_failures + 1 if lived < HEALTHY_AFTER_S else 0
@@ -283,8 +292,11 @@ class Supervisor:
 def run_supervisor(settings: Settings) -> int:
     settings.validate()
     database = open_database(settings)
+    # Before any fork: every child writes its metrics under this folder, /metrics sums them.
+    metrics_dir = metrics.prepare_multiprocess_dir()
     try:
         migrate(database.dsn)
         return Supervisor(settings, database.dsn).run()
     finally:
+        metrics.remove_multiprocess_dir(metrics_dir)
         database.close()

@@ -25,6 +25,7 @@ from psycopg import sql
 from engine import queue_async
 from engine.config import Settings
 from engine.http_client import CurlPool, HttpResult
+from engine.metrics import instruments
 from engine.oplog import log_event
 from engine.queries import NOTIFY_CHANNEL
 from engine.queue import BreakerSettings, Claim, Result, worker_id
@@ -89,6 +90,7 @@ class DeliveryWorker:
         self.stopping = False
         self.closing = False
         self.sends: set[asyncio.Task[None]] = set()
+        self.metrics = instruments()
 
     # Lifecycle
 
@@ -189,6 +191,7 @@ class DeliveryWorker:
                 await self.room.wait()
                 continue
             reserve = int(settings.first_attempt_share * limit)
+            started = time.perf_counter()
             try:
                 claims = await queue_async.claim_batch(
                     self.claim_conn, self.worker, limit, settings.lease_ms, reserve
@@ -197,6 +200,8 @@ class DeliveryWorker:
                 log_event("worker_claim_failed", worker=self.worker, error=str(exc))
                 await self._reconnect_claim()
                 continue
+            self.metrics.claim_seconds.observe(time.perf_counter() - started)
+            self.metrics.claim_batch_size.observe(len(claims))
             maybe_more = len(claims) == limit
             if self.stopping:
                 for claim in claims:
@@ -272,6 +277,7 @@ class DeliveryWorker:
                 self._add_result(self._failure(claim, _utcnow(), None, None, f"signing: {exc}"))
                 return
             timeout_ms = min(claim.timeout_ms, self.settings.max_timeout_ms)
+            self.metrics.in_flight.inc()
             try:
                 response = await self.http.post_checked(
                     claim.url, headers, body, timeout_ms, self.settings.allow_private_targets
@@ -280,6 +286,8 @@ class DeliveryWorker:
                 # The drain deadline passed with this request unanswered.
                 self._add_result(Result(claim.id, claim.attempt, "released", _utcnow()))
                 raise
+            finally:
+                self.metrics.in_flight.dec()
             self._add_result(self._outcome(claim, response))
         finally:
             self._finished(slots, claim.destination_id)
@@ -355,6 +363,11 @@ class DeliveryWorker:
     # Recording
 
     def _add_result(self, result: Result) -> None:
+        self.metrics.deliveries.labels(result.outcome).inc()
+        if result.duration_ms is not None:
+            self.metrics.attempt_seconds.labels(result.outcome).observe(
+                result.duration_ms / 1000
+            )
         results = self.results
         results.append(result)
         if len(results) >= FLUSH_SIZE:

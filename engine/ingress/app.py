@@ -6,6 +6,7 @@ is bound to one handler here; requests are decoded by the msgspec types of schem
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -20,6 +21,7 @@ import psycopg
 import psycopg_pool
 from msgspec import UNSET
 
+from engine import metrics as engine_metrics
 from engine import queue
 from engine.config import Settings
 from engine.ingress import errors, store
@@ -435,8 +437,10 @@ class IngressApp:
         return _json(200, s.Health("ok", "ok"))
 
     async def metrics(self, request: Request) -> Response:
-        body, content_type = self.meters.render()
-        return Response(200, body, [(b"content-type", content_type.encode())])
+        # Every process's metrics plus gauges read from the database (engine/metrics.py);
+        # in a thread, since the database part is a blocking query.
+        body = await asyncio.to_thread(engine_metrics.render, self.dsn, self.meters.registry)
+        return Response(200, body, [(b"content-type", engine_metrics.CONTENT_TYPE.encode())])
 
     async def openapi(self, request: Request) -> Response:
         return Response(200, self.openapi_document, JSON_HEADERS)
