@@ -484,3 +484,18 @@ def test_database_down_is_503(database_factory: DatabaseFactory) -> None:
         assert_error(process.request("POST", "/v1/events", {"type": "t", "payload": 1}), 503)
         assert_error(process.request("GET", "/healthz"), 503)
         assert_error(process.request("GET", "/v1/destinations"), 503)
+
+
+def test_batch_body_may_exceed_the_request_limit_but_not_each_payload(
+    api: IngressProcess, db: psycopg.Connection
+) -> None:
+    make_destination(api)
+    big = "x" * (200 * 1024)
+    fits = api.request("POST", "/v1/events/batch",
+                       {"events": [{"type": "t", "payload": big}] * 2})
+    assert fits.status == 202, fits
+    over = api.request("POST", "/v1/events/batch",
+                       {"events": [{"type": "t", "payload": 1},
+                                   {"type": "t", "payload": big + big}]})
+    assert_error(over, 413, "events[1].payload")
+    assert count(db, "events") == 2

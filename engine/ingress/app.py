@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 # How long the previous secret keeps signing after a rotation (SPEC: 24 h by default).
 PREVIOUS_SECRET_MS = 24 * 3600 * 1000
+# A batch carries up to 1000 events: its body may be this many times the per-request
+# limit, while each event's payload still keeps to the limit itself.
+BATCH_BODY_FACTOR = 32
 POOL_TIMEOUT_S = 3.0
 POOL_MAX = 4
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -375,7 +378,13 @@ class IngressApp:
             raise errors.invalid(
                 "Idempotency-Key: give each event its own idempotency_key in a batch"
             )
+        limit = request.max_body_bytes
+        request.max_body_bytes = limit * BATCH_BODY_FACTOR
         body: s.EventBatch = await request.decode(s.EventBatch)
+        for index, event in enumerate(body.events):
+            if len(event.payload) > limit:
+                raise ApiError(413, "payload_too_large",
+                               f"events[{index}].payload is over {limit} bytes")
         events = [self._event_in(event, event.idempotency_key) for event in body.events]
         return _json(202, s.BatchAccepted(await self._commit(events)))
 

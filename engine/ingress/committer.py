@@ -187,8 +187,10 @@ class Committer:
         remaining = list(batch)
         while remaining:
             try:
-                async with conn.transaction():
-                    written = await self._write(conn, remaining, answers)
+                # Pipeline mode: BEGIN, the checks and the insert go out together, then
+                # NOTIFY and COMMIT: two round trips per batch instead of five.
+                async with conn.pipeline(), conn.transaction():
+                    written = await self._write(conn, remaining)
                 answers.update(written)
                 return answers
             except _Reject as reject:
@@ -199,33 +201,30 @@ class Committer:
         return answers
 
     async def _write(
-        self, conn: psycopg.AsyncConnection, batch: list[Submission],
-        answers: dict[Submission, list[EventAccepted] | ApiError],
+        self, conn: psycopg.AsyncConnection, batch: list[Submission]
     ) -> dict[Submission, list[EventAccepted]]:
-        """Inside the caller's transaction. Refusals found before writing go straight to
-        `answers`; those found after raise _Reject (the transaction rolls back)."""
-        listed = {d for s in batch for e in s.events for d in e.destination_ids or ()}
+        """Inside the caller's transaction; raises _Reject (the transaction rolls back)
+        naming the submissions to refuse."""
+        events = [e for s in batch for e in s.events]
+        listed = {d for e in events for d in e.destination_ids or ()}
+        find = None
         if listed:
-            cursor = await queue._run_async(conn, _FIND_DESTINATIONS, (list(listed),))
-            found = {row[0] for row in await cursor.fetchall()}
-            missing = listed - found
-            if missing:
-                kept = []
-                for submission in batch:
+            find = await queue._run_async(conn, _FIND_DESTINATIONS, (list(listed),))
+        insert = await queue.enqueue_events_async_send(conn, events)
+        if find is not None:
+            found = {row[0] for row in await find.fetchall()}
+            if listed - found:
+                refused: dict[int, ApiError] = {}
+                for index, submission in enumerate(batch):
                     unknown = sorted(
                         {d for e in submission.events for d in e.destination_ids or ()} - found
                     )
                     if unknown:
-                        answers[submission] = errors.invalid(
+                        refused[index] = errors.invalid(
                             f"destination_ids: unknown or deleted destination {unknown[0]}"
                         )
-                    else:
-                        kept.append(submission)
-                batch = kept
-        events = [e for s in batch for e in s.events]
-        if not events:
-            return {}
-        rows = await queue.enqueue_events_async(conn, events)
+                raise _Reject(refused)
+        rows = await queue.enqueue_events_async_answers(insert)
         repeated = {
             e.idempotency_key for e, (event_id, _) in zip(events, rows, strict=True)
             if event_id is None
@@ -236,7 +235,7 @@ class Committer:
             for key, event_id, count, request_hash in await cursor.fetchall():
                 first_answers[key] = (event_id, count, bytes(request_hash or b""))
         results: dict[Submission, list[EventAccepted]] = {}
-        refused: dict[int, ApiError] = {}
+        conflicts: dict[int, ApiError] = {}
         position = 0
         for index, submission in enumerate(batch):
             accepted: list[EventAccepted] = []
@@ -246,16 +245,17 @@ class Committer:
                 if event_id is None:
                     first = first_answers.get(event.idempotency_key or "")
                     if first is None or first[2] != event.request_hash:
-                        refused[index] = errors.conflict(
+                        conflicts[index] = errors.conflict(
                             f"Idempotency-Key {event.idempotency_key!r} was already used"
                             " with a different request"
                         )
+                        position += len(submission.events) - len(accepted) - 1
                         break
                     event_id, count = first[0], first[1]
                 accepted.append(EventAccepted(event_id, count))
             results[submission] = accepted
-        if refused:
-            raise _Reject(refused)
+        if conflicts:
+            raise _Reject(conflicts)
         if any(count for event_id, count in rows if event_id is not None):
             await conn.execute(_NOTIFY)
         return results

@@ -4,6 +4,7 @@ the document cannot drift from the server."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,7 @@ class Operation:
     content_type: str = JSON
     tags: tuple[str, ...] = field(default=())
 
-    @property
+    @functools.cached_property
     def pattern(self) -> re.Pattern[str]:
         """The path as a regex: `{id}` matches a decimal integer."""
         return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[0-9]{1,19})", self.path) + "$")
@@ -72,7 +73,8 @@ OPERATIONS: tuple[Operation, ...] = (
                                                  "maxLength": 256}),),
               errors=(*_BODY_ERRORS, 409, *_DB)),
     Operation("create_event_batch", "POST", "/v1/events/batch",
-              "Accept up to 1000 events, all or nothing in one transaction",
+              "Accept up to 1000 events, all or nothing in one transaction (body up to"
+              " 32 times the request limit; each payload within the limit)",
               202, s.BatchAccepted, s.EventBatch, errors=(*_BODY_ERRORS, 409, *_DB)),
     Operation("read_event", "GET", "/v1/events/{id}", "Read an event with its deliveries",
               200, s.Event, errors=(404, *_DB)),

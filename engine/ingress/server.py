@@ -58,6 +58,7 @@ def run_ingress(
         http="httptools",
         lifespan="on",
         access_log=False,
+        proxy_headers=False,
         server_header=False,
         date_header=False,
         log_level="warning",

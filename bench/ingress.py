@@ -1,0 +1,302 @@
+"""Ingress bench: accept latency under a steady load, the single-event accept ceiling and
+the batch endpoint's events/s, each compared with pgbench single-row 1 KB INSERTs with the
+same durability on the same PostgreSQL server.
+
+  python -m bench.ingress [--dsn URL] [--duration 20] [--procs 2] [--ingress-procs 1]
+
+Without --dsn it starts a durable (fsync on) embedded PostgreSQL in a temporary folder.
+The engine runs as `engine --procs N` when the supervisor has an ingress role, else as one
+standalone ingress process (the report says which, and whether workers delivered).
+Destinations are fake servers (bench/fakedest.mjs); each event fans out to 2 of them.
+Load comes from locust (bench/locustfile.py) in its own process. Writes
+bench/reports/ingress-<time>.json and prints it. Load on this shared machine is noted
+(`uptime`) with every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from engine.embedded import ensure_server
+from engine.migrate import migrate
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "bench" / "reports"
+LOCUSTFILE = ROOT / "bench" / "locustfile.py"
+PGBENCH_CLIENTS = 8
+PGBENCH_SCRIPT = (
+    "INSERT INTO pgbench_single_row (payload) VALUES (repeat('x', 1024));\n"
+)
+TARGET_RATE = 1000  # events/s for the latency phase
+LATENCY_USERS = 50
+
+
+def load() -> str:
+    """The 1, 5 and 15 minute load averages."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def with_database(dsn: str, name: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = name
+    return make_conninfo(**params)
+
+
+@contextmanager
+def database(given: str | None) -> Iterator[tuple[str, str]]:
+    """(admin dsn, fresh migrated bench database dsn)."""
+    folder = None
+    server = None
+    if given:
+        admin = given
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="engine-bench-pg-"))
+        server = ensure_server(folder / "data", durable=True)
+        admin = server.dsn
+    name = f"bench_ingress_{os.getpid()}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = with_database(admin, name)
+    migrate(dsn)
+    try:
+        yield admin, dsn
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if server is not None:
+            server.stop()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def durability(dsn: str) -> dict[str, str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return {
+            name: str(conn.execute(f"SHOW {name}").fetchone()[0])  # type: ignore[index]
+            for name in ("fsync", "synchronous_commit", "wal_sync_method", "server_version")
+        }
+
+
+def pgbench_bin() -> str:
+    for candidate in (
+        shutil.which("pgbench"),
+        str(Path(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True)
+                 .stdout.strip()) / "pgbench") if shutil.which("pg_config") else None,
+    ):
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise SystemExit("pgbench not found (install PostgreSQL client tools)")
+
+
+def run_pgbench(dsn: str, seconds: int) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS pgbench_single_row")
+        conn.execute(
+            "CREATE TABLE pgbench_single_row (id bigserial PRIMARY KEY, payload text NOT NULL)"
+        )
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+        script.write(PGBENCH_SCRIPT)
+    before = load()
+    result = subprocess.run(
+        [pgbench_bin(), "-n", "-M", "prepared", "-c", str(PGBENCH_CLIENTS), "-j", "2",
+         "-T", str(seconds), "-f", script.name, dsn],
+        capture_output=True, text=True, check=True,
+    )
+    os.unlink(script.name)
+    tps = float(re.search(r"tps = ([0-9.]+)", result.stdout).group(1))  # type: ignore[union-attr]
+    latency = re.search(r"latency average = ([0-9.]+) ms", result.stdout)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE pgbench_single_row")
+    return {
+        "tps": tps, "clients": PGBENCH_CLIENTS, "seconds": seconds,
+        "latency_avg_ms": float(latency.group(1)) if latency else None,
+        "script": PGBENCH_SCRIPT.strip(), "load_before": before, "load_after": load(),
+    }
+
+
+def supervisor_has_ingress() -> bool:
+    try:
+        from engine import supervisor
+    except ImportError:
+        return False
+    return any(getattr(role, "name", "") == "ingress" for role in supervisor.ROLES)
+
+
+@contextmanager
+def engine(dsn: str, port: int, procs: int, ingress_procs: int) -> Iterator[dict[str, Any]]:
+    env = {**os.environ, "ENGINE_API_TOKEN": ""}
+    env.pop("ENGINE_API_TOKEN")
+    if supervisor_has_ingress():
+        argv = [sys.executable, "-m", "engine.cli", "--dsn", dsn, "--procs", str(procs),
+                "--ingress-procs", str(ingress_procs), "--bind", f"127.0.0.1:{port}",
+                "--allow-private-targets"]
+        how = {"mode": "engine", "procs": procs, "ingress_procs": ingress_procs,
+               "workers_delivering": True}
+    else:
+        argv = [sys.executable, "-m", "engine.ingress.server", "--dsn", dsn,
+                "--bind", f"127.0.0.1:{port}", "--allow-private-targets"]
+        how = {"mode": "standalone ingress (no supervisor with an ingress role yet)",
+               "procs": 0, "ingress_procs": 1, "workers_delivering": False}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("the engine did not start") from None
+                time.sleep(0.2)
+        yield how
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def post_json(url: str, body: Any) -> Any:
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def run_locust(base_url: str, *, mode: str, users: int, seconds: int, user_rps: float = 0,
+               batch: int = 1000) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="engine-locust-") as folder:
+        prefix = str(Path(folder) / "run")
+        env = {**os.environ, "BENCH_MODE": mode, "BENCH_USER_RPS": str(user_rps),
+               "BENCH_BATCH": str(batch)}
+        before = load()
+        subprocess.run(
+            ["locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users), "-r",
+             str(users), "-t", f"{seconds}s", "-H", base_url, "--csv", prefix,
+             "--only-summary", "--stop-timeout", "10", "--loglevel", "WARNING"],
+            env=env, check=False, capture_output=True, timeout=seconds + 120,
+        )
+        with open(f"{prefix}_stats.csv") as stats:
+            rows = {row["Name"]: row for row in csv.DictReader(stats)}
+    total = rows["Aggregated"]
+    requests = int(total["Request Count"])
+    failures = int(total["Failure Count"])
+    # Only accepted requests count towards throughput.
+    requests_per_s = float(total["Requests/s"]) * (1 - failures / requests if requests else 0)
+    per_request = batch if mode == "batch" else 1
+    return {
+        "mode": mode, "users": users, "seconds": seconds, "user_rps": user_rps,
+        "requests": requests, "failures": failures,
+        "requests_per_s": requests_per_s, "events_per_s": requests_per_s * per_request,
+        "p50_ms": float(total["50%"]), "p99_ms": float(total["99%"]),
+        "max_ms": float(total["Max Response Time"]),
+        "load_before": before, "load_after": load(),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", help="admin DSN of a server to bench on (default: embedded)")
+    parser.add_argument("--duration", type=int, default=20, help="seconds per phase")
+    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--ingress-procs", type=int, default=1)
+    parser.add_argument("--ceiling-users", type=int, default=64)
+    parser.add_argument("--batch-users", type=int, default=4)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from tests.fakedest import FakeDestination
+
+    report: dict[str, Any] = {
+        "bench": "ingress",
+        "started_at": dt.datetime.now(dt.UTC).isoformat(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "uptime_at_start": uptime(),
+    }
+    with database(args.dsn) as (_admin, dsn), FakeDestination() as fake:
+        report["postgres"] = durability(dsn)
+        report["pgbench"] = run_pgbench(dsn, args.duration)
+        print("pgbench:", report["pgbench"], flush=True)
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        with engine(dsn, port, args.procs, args.ingress_procs) as how:
+            report["engine"] = how
+            for name in ("a", "b"):
+                post_json(f"{base}/v1/destinations", {"url": fake.url(f"fast/{name}")})
+            phases = report["phases"] = {}
+            phases["latency_at_1000_per_s"] = run_locust(
+                base, mode="single", users=LATENCY_USERS, seconds=args.duration,
+                user_rps=TARGET_RATE / LATENCY_USERS,
+            )
+            print("latency:", phases["latency_at_1000_per_s"], flush=True)
+            phases["single_ceiling"] = run_locust(
+                base, mode="single", users=args.ceiling_users, seconds=args.duration
+            )
+            print("ceiling:", phases["single_ceiling"], flush=True)
+            phases["batch"] = run_locust(
+                base, mode="batch", users=args.batch_users, seconds=args.duration
+            )
+            print("batch:", phases["batch"], flush=True)
+            report["fakedest"] = {
+                name: {k: v for k, v in fake.name_stats(name).items() if not isinstance(v, list)}
+                for name in ("a", "b")
+            }
+    pgbench_tps = report["pgbench"]["tps"]
+    phases = report["phases"]
+    report["results"] = {
+        "latency_p99_ms_at_1000_events_per_s": phases["latency_at_1000_per_s"]["p99_ms"],
+        "latency_achieved_events_per_s": phases["latency_at_1000_per_s"]["events_per_s"],
+        "single_ceiling_events_per_s": phases["single_ceiling"]["events_per_s"],
+        "single_vs_pgbench": phases["single_ceiling"]["events_per_s"] / pgbench_tps,
+        "batch_events_per_s": phases["batch"]["events_per_s"],
+        "batch_vs_pgbench": phases["batch"]["events_per_s"] / pgbench_tps,
+        "targets": {"p99_ms": 10, "single_vs_pgbench": 0.5, "batch_vs_pgbench": 2.0},
+    }
+    report["uptime_at_end"] = uptime()
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = REPORTS / f"ingress-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["results"], indent=2))
+    print(f"report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
