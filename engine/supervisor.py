@@ -73,10 +73,17 @@ def _run_maintenance(context: ChildContext) -> int:
     return 0
 
 
+def _run_ingress(context: ChildContext) -> int:
+    from engine.ingress.server import run_ingress
+
+    run_ingress(context.settings, context.dsn, context.listen_socket)
+    return 0
+
+
 ROLES: list[ChildRole] = [
     ChildRole("worker", lambda s: s.procs, _run_worker, holds_claims=True),
+    ChildRole("ingress", lambda s: s.ingress_procs, _run_ingress, uses_listen_socket=True),
     ChildRole("maintenance", lambda s: 1, _run_maintenance),
-    # Ingress (uses_listen_socket=True) and maintenance register here.
 ]
 
 
@@ -101,6 +108,11 @@ def open_listen_socket(bind: str) -> socket.socket:
     host = host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     return socket.create_server((host, int(port)), family=family, backlog=LISTEN_BACKLOG)
+
+
+def _socket_address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class Supervisor:
@@ -129,8 +141,9 @@ class Supervisor:
         handled = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
         try:
-            log_event("supervisor_started", children=len(self.slots), bind=self.settings.bind
-                      if self.listen_socket else None)
+            # The bound address, not the setting: port 0 picks a free port (tests).
+            log_event("supervisor_started", children=len(self.slots),
+                      bind=_socket_address(self.listen_socket) if self.listen_socket else None)
             return self._loop(wake_read)
         finally:
             signal.set_wakeup_fd(previous_wakeup)

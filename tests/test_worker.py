@@ -36,7 +36,7 @@ def config(tmp_path: Path) -> Path:
 def engine(dsn: str, tmp_path: Path, config: Path, *args: str) -> Engine:
     return Engine(
         dsn, tmp_path, "--config", str(config), "--allow-private-targets",
-        "--retry-schedule", SCHEDULE, *args,
+        "--retry-schedule", SCHEDULE, "--bind", "127.0.0.1:0", *args,
     )
 
 

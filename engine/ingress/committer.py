@@ -25,11 +25,11 @@ from engine import queue
 from engine.ingress import errors
 from engine.ingress.errors import ApiError
 from engine.ingress.schemas import EventAccepted
+from engine.queries import NOTIFY_CHANNEL
 from engine.queue import EventIn
 
 log = logging.getLogger(__name__)
 
-NOTIFY_CHANNEL = "engine_deliveries"
 DEFAULT_WINDOW_S = 0.0015
 DEFAULT_MAX_EVENTS = 2000
 DEFAULT_SLOTS = 2

@@ -3,8 +3,9 @@ the shape of group commits (how many requests and events each commit carried).""
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
-from prometheus_client.exposition import generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from engine import metrics as engine_metrics
 
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
@@ -21,9 +22,6 @@ class IngressMetrics:
             "engine_ingress_request_seconds", "Time to answer a request", ["route"],
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
-        self.events = Counter(
-            "engine_ingress_events_committed", "Events committed", registry=self.registry
-        )
         self.commit_requests = Histogram(
             "engine_ingress_commit_requests", "Requests written per group commit",
             buckets=_SIZE_BUCKETS, registry=self.registry,
@@ -38,9 +36,6 @@ class IngressMetrics:
         self.latency.labels(route).observe(seconds)
 
     def observe_commit(self, requests: int, events: int, seconds: float) -> None:
-        self.events.inc(events)
+        engine_metrics.instruments().ingested_events.inc(events)
         self.commit_requests.observe(requests)
         self.commit_seconds.observe(seconds)
-
-    def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
