@@ -232,7 +232,8 @@ class IngressApp:
 
     async def startup(self) -> None:
         self.pool = psycopg_pool.AsyncConnectionPool(
-            self.dsn, min_size=1, max_size=POOL_MAX, kwargs={"autocommit": True},
+            self.dsn, min_size=1, max_size=POOL_MAX,
+            kwargs={"autocommit": True, "application_name": "engine ingress"},
             open=False, timeout=POOL_TIMEOUT_S, name="ingress",
         )
         # Do not wait: with the database down the server still starts and answers 503.

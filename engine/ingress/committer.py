@@ -142,7 +142,8 @@ class Committer:
         try:
             if conn is None or conn.closed:
                 conn = await psycopg.AsyncConnection.connect(
-                    self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                    self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                    application_name="engine ingress commit",
                 )
             answers = await self._write_retrying(conn, batch)
         except psycopg.OperationalError as exc:
