@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import psycopg
+
 from engine import __version__
 from engine.config import ConfigError, Settings, load_settings
 from engine.database import open_database
@@ -49,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(sub.add_parser(
         "maintenance", help="run only the maintenance process (reaper, retention; one leader)"
     ))
+    status = sub.add_parser("status", help="queue depth, destinations, tables, warnings")
+    _add_common(status)
+    status.add_argument("--json", action="store_true", help="one JSON document")
+    status.add_argument("--top", type=int, default=10, help="destinations listed (default 10)")
     return parser
 
 
@@ -95,6 +101,24 @@ def cmd_maintenance(settings: Settings) -> int:
     return 0
 
 
+def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    from engine.status import collect_status, to_json, to_text
+
+    database = open_database(settings, announce=False)
+    try:
+        with psycopg.connect(database.dsn, autocommit=True, connect_timeout=10) as conn:
+            status = collect_status(conn, args.top)
+    finally:
+        database.close()
+    print(to_json(status) if args.json else to_text(status))
+    return 0
+
+
+# Subcommands that read their own flags.
+ARG_COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "status": cmd_status,
+}
+
 COMMANDS: dict[str, Callable[[Settings], int]] = {
     "maintenance": cmd_maintenance,
     "run": cmd_run,
@@ -107,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = settings_from_args(args)
+        if args.command in ARG_COMMANDS:
+            return ARG_COMMANDS[args.command](settings, args)
         return COMMANDS[args.command or "run"](settings)
     except (ConfigError, SchemaTooNew, ValueError) as exc:
         print(f"engine: {exc}", file=sys.stderr)

@@ -42,6 +42,12 @@ def breaker(conn: psycopg.Connection, destination: int) -> tuple:
     return row
 
 
+def one(conn: psycopg.Connection, query: str, *params: object) -> object:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
 def end_pause(conn: psycopg.Connection, destination: int) -> None:
     conn.execute("UPDATE destinations SET paused_until = now() - interval '1 second'"
                  " WHERE id = %s", [destination])
@@ -70,6 +76,8 @@ def test_opens_after_threshold_and_claim_skips_it(conn: psycopg.Connection) -> N
     state, failures, pause_ms, remaining, _ = breaker(conn, dead)
     assert (state, failures, pause_ms) == ("open", 3, 1_000)
     assert 0 < remaining <= 1.0
+    assert one(conn, "SELECT now() - breaker_opened_at < interval '10 seconds'"
+                     " FROM destinations WHERE id = %s", dead)
     enqueue(conn, healthy, 3)
     got = queue.claim_batch(conn, "w", 100, LEASE_MS)
     assert {c.destination_id for c in got} == {healthy} and len(got) == 3
@@ -128,6 +136,7 @@ def test_probe_success_closes(conn: psycopg.Connection) -> None:
     record(conn, probe, "delivered")
     state, failures, pause_ms, remaining, _ = breaker(conn, dest)
     assert (state, failures, pause_ms, remaining) == ("closed", 0, 0, None)
+    assert one(conn, "SELECT breaker_opened_at FROM destinations WHERE id = %s", dest) is None
     assert len(claim_for(conn, dest)) == 10 - 1  # all the rest, at once
 
 
@@ -135,6 +144,7 @@ def test_probe_failure_reopens_with_doubled_pause_capped(conn: psycopg.Connectio
     dest = add_destination(conn)
     enqueue(conn, dest, 10)
     open_breaker(conn, dest)
+    opened_at = one(conn, "SELECT breaker_opened_at FROM destinations WHERE id = %s", dest)
     pauses = []
     for _ in range(3):
         end_pause(conn, dest)
@@ -145,6 +155,9 @@ def test_probe_failure_reopens_with_doubled_pause_capped(conn: psycopg.Connectio
         assert state == "open" and 0 < remaining <= pause_ms / 1000
         pauses.append(pause_ms)
     assert pauses == [2_000, 3_000, 3_000]
+    # Still the time it first opened: re-opening after a failed probe is the same outage.
+    assert one(conn, "SELECT breaker_opened_at FROM destinations WHERE id = %s",
+               dest) == opened_at
 
 
 def test_late_failures_of_an_open_breaker_do_not_extend_its_pause(

@@ -112,6 +112,10 @@ WITH result AS (
                WHEN l.breaker = 'closed' AND l.new_failures >= $11
                    THEN now() + make_interval(secs => $12 / 1000.0)
                ELSE dest.paused_until END,
+           breaker_opened_at = CASE
+               WHEN l.any_ok AND l.trailing_failures = 0 THEN NULL
+               WHEN l.breaker = 'closed' AND l.new_failures >= $11 THEN now()
+               ELSE dest.breaker_opened_at END,
            disabled = dest.disabled OR l.any_gone,
            disabled_reason = CASE WHEN l.any_gone AND NOT dest.disabled
                                   THEN 'endpoint answered 410 Gone'
