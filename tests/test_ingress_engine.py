@@ -56,6 +56,8 @@ def test_engine_accepts_over_http_and_delivers(
 
         engine.signal(signal.SIGTERM)
         assert engine.wait(40) == 0
+        ingress_exits = [e for e in engine.events("child_exited") if e["role"] == "ingress"]
+        assert [e.get("exit_code") for e in ingress_exits] == [0, 0], ingress_exits
 
 
 def _healthy(client: IngressProcess) -> bool:

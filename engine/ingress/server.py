@@ -8,10 +8,11 @@ and benches), printing `listening on HOST:PORT` once it accepts connections.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import uvicorn
 
@@ -38,6 +39,14 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, announce: str | None) -> None:
         super().__init__(config)
         self.announce = announce
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            # uvicorn re-raises the stop signal once drained, so the process would die of
+            # it; for the supervisor a drain asked for by SIGTERM is a clean exit (0).
+            self._captured_signals.clear()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)

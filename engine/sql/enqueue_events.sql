@@ -27,13 +27,18 @@ WITH incoming AS (
                 ELSE NOT dest.disabled
                      AND (dest.event_types IS NULL OR i.type = ANY (dest.event_types))
            END
+), counted AS (
+    -- Counted once, grouped: a count subquery per event would rescan `target` for every
+    -- event (quadratic: 150 ms of a 1000-event batch).
+    SELECT event_id, count(*) AS deliveries FROM target GROUP BY event_id
 ), inserted AS (
     INSERT INTO events (id, type, payload, ordering_key, idempotency_key, request_hash,
                         delivery_count)
     OVERRIDING SYSTEM VALUE
     SELECT i.id, i.type, i.payload, i.ordering_key, i.idempotency_key, i.request_hash,
-           (SELECT count(*) FROM target t WHERE t.event_id = i.id)
+           coalesce(c.deliveries, 0)
       FROM incoming i
+      LEFT JOIN counted c ON c.event_id = i.id
      ORDER BY i.ord
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
  RETURNING id, delivery_count
