@@ -1,0 +1,130 @@
+"""End to end through `engine`: a destination dies and recovers while another keeps its
+pace; the breaker opens, probes and closes; /metrics agrees with the database."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine import queue
+from engine.queue import EventIn
+from tests.enginerun import Engine, wait_until
+from tests.fakedest import FakeDestination
+from tests.ingress_server import IngressProcess
+from tests.test_queue import add_destination
+
+FEED_INTERVAL_S = 0.05
+OUTAGE = (2.0, 6.0)  # seconds after the feed starts: the dying destination answers 500
+FEED_S = 9.0
+
+
+def one(conn: psycopg.Connection, query: str, *params: object) -> object:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def scrape(client: IngressProcess) -> dict[tuple[str, tuple], float]:
+    found = {}
+    text = client.request("GET", "/metrics").body.decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def test_dead_destination_recovers_and_the_other_keeps_pace(
+    dsn: str, conn: psycopg.Connection, tmp_path: Path
+) -> None:
+    config = tmp_path / "engine.toml"
+    config.write_text("breaker_threshold = 3\nbreaker_base_pause_ms = 1000\n"
+                      "breaker_max_pause_ms = 2000\n")
+    with FakeDestination() as fake, Engine(
+        dsn, tmp_path, "--config", str(config), "--procs", "2", "--bind", "127.0.0.1:0",
+        "--allow-private-targets", "--retry-schedule", ",".join(["300ms"] * 30),
+    ) as engine:
+        dying = add_destination(conn, url=fake.url("toggle/dying"))
+        steady = add_destination(conn, url=fake.url("fast/steady"))
+        [started] = wait_until(lambda: engine.events("supervisor_started"), 30, "supervisor")
+        client = IngressProcess(dsn)
+        client.port = int(started["bind"].rsplit(":", 1)[1])
+        wait_until(lambda: len(engine.events("child_started")) >= 4, 30, "children")
+
+        states: set[tuple[str, int]] = set()
+        stop = threading.Event()
+
+        def watch() -> None:
+            with psycopg.connect(dsn, autocommit=True) as own:
+                while not stop.is_set():
+                    row = own.execute("SELECT breaker::text, breaker_pause_ms FROM"
+                                      " destinations WHERE id = %s", [dying]).fetchone()
+                    assert row is not None
+                    states.add(row)
+                    time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        event_ids: list[int] = []
+        begun = time.monotonic()
+        outage = "before"
+        while (elapsed := time.monotonic() - begun) < FEED_S:
+            if outage == "before" and elapsed >= OUTAGE[0]:
+                fake.control("dying", "fail", 500)
+                outage = "during"
+            elif outage == "during" and elapsed >= OUTAGE[1]:
+                fake.control("dying", "ok")
+                outage = "after"
+            with conn.transaction():
+                [(event_id, _)] = queue.enqueue_events(
+                    conn, [EventIn("t", "{}", [dying, steady])])
+            assert event_id is not None
+            event_ids.append(event_id)
+            time.sleep(FEED_INTERVAL_S)
+        wait_until(lambda: one(conn, "SELECT count(*) FROM deliveries") == 0, 30,
+                   "every delivery finished")
+        stop.set()
+        watcher.join()
+
+        # The breaker opened, a probe failed (only that doubles the pause), and it closed
+        # once the destination answered again.
+        assert ("open", 1000) in states and ("open", 2000) in states, states
+        assert one(conn, "SELECT breaker::text FROM destinations WHERE id = %s",
+                   dying) == "closed"
+        assert one(conn, "SELECT count(*) FROM finished_deliveries WHERE destination_id = %s"
+                         " AND status = 'delivered'", dying) == len(event_ids)
+        # Without the breaker every event of the 4 s outage (~80) would fail at least once;
+        # with it: the threshold, what was already in flight, and one probe per pause.
+        failed = one(conn, "SELECT count(*) FROM delivery_attempts a JOIN finished_deliveries f"
+                           " ON f.id = a.delivery_id WHERE f.destination_id = %s"
+                           " AND a.status_code = 500", dying)
+        assert 3 <= failed < 40, failed
+
+        # The steady destination kept its pace: none of its deliveries waited.
+        arrivals = fake.arrivals("steady")
+        created = dict(conn.execute(
+            "SELECT id, (extract(epoch FROM created_at) * 1000)::bigint FROM events").fetchall())
+        waits = [arrivals[f"evt_{e}"] - created[e] for e in event_ids]
+        assert len(waits) == len(event_ids) and max(waits) < 2000, max(waits)
+
+        # /metrics (summed over both workers) says what the database says.
+        found = scrape(client)
+        delivered = one(conn, "SELECT count(*) FROM finished_deliveries"
+                              " WHERE status = 'delivered'")
+        retried = one(conn, "SELECT count(*) FROM delivery_attempts WHERE status_code = 500")
+        assert found[("engine_deliveries_total", (("outcome", "delivered"),))] == delivered
+        assert found[("engine_deliveries_total", (("outcome", "retry"),))] == retried
+        assert found[("engine_attempt_duration_seconds_count",
+                      (("outcome", "delivered"),))] == delivered
+        assert found[("engine_queue_depth", (("status", "pending"),))] == 0
+        assert found[("engine_destinations_breaker", (("state", "closed"),))] == 2
+        claimed = one(conn, "SELECT count(*) FROM delivery_attempts")
+        assert found[("engine_claim_batch_size_sum", ())] == claimed
+        assert found[("engine_in_flight", ())] == 0
+
+        engine.signal(signal.SIGTERM)
+        assert engine.wait(40) == 0
