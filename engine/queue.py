@@ -247,16 +247,12 @@ def enqueue_events(conn: Connection, events: Sequence[EventIn]) -> list[tuple[in
     return _enqueue_answers(rows)
 
 
-async def enqueue_events_async_send(
+async def enqueue_events_async(
     conn: AsyncConnection, events: Sequence[EventIn]
-) -> AsyncRawCursor:
-    """`enqueue_events` on an asyncio connection, in two halves: in pipeline mode this one
-    only queues the statement, so the caller can send more before waiting for answers."""
-    return await _run_async(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events))
-
-
-async def enqueue_events_async_answers(cursor: AsyncRawCursor) -> list[tuple[int | None, int]]:
-    """The second half: (event id, delivery count) per event, as `enqueue_events`."""
+) -> list[tuple[int | None, int]]:
+    """`enqueue_events` on an asyncio connection. In autocommit the statement is its own
+    transaction: one round trip, committed when it returns."""
+    cursor = await _run_async(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events))
     return _enqueue_answers(await cursor.fetchall())
 
 

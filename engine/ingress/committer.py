@@ -1,9 +1,9 @@
 """Group commit: durable acceptance at the cost of one commit per batch of requests.
 
-Requests that arrive within a short window (or until enough events wait) are written in
-ONE transaction — every event and all its deliveries — and each request is answered only
-after that transaction commits. One NOTIFY per committed batch wakes the workers (sent by
-PostgreSQL at commit, so a worker never looks before the rows are visible).
+Requests that arrive within a short window (or until enough events wait) are written
+together — every event and all its deliveries, in ONE statement, so one transaction and
+one round trip — and each request is answered only after that commit. Then one NOTIFY
+per committed batch wakes the workers (after the commit, so they find the rows).
 
 A few committer slots, each with its own connection, run side by side: while one batch
 waits for its commit (fsync), the next one gathers and starts on another connection.
@@ -58,7 +58,7 @@ class _Reject(Exception):
     """Some submissions of a batch must be refused after the write: roll back, retry the
     others."""
 
-    def __init__(self, refused: dict[int, ApiError]) -> None:
+    def __init__(self, refused: dict[Submission, ApiError]) -> None:
         super().__init__("refused submissions")
         self.refused = refused
 
@@ -145,7 +145,7 @@ class Committer:
                     self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                     application_name="engine ingress commit",
                 )
-            answers = await self._write_retrying(conn, batch)
+            answers, notify = await self._write_retrying(conn, batch)
         except psycopg.OperationalError as exc:
             # The connection or the server failed: nobody's events are known to be written.
             log.warning("ingress commit failed, database unavailable: %s", exc)
@@ -179,53 +179,70 @@ class Committer:
         elapsed = loop.time() - started
         for callback in self.on_commit:
             callback(len(batch), sum(len(s.events) for s in batch), elapsed)
+        if notify:
+            # After answering: the rows are committed, so a woken worker finds them.
+            try:
+                await conn.execute(_NOTIFY)
+            except psycopg.Error as exc:
+                # Workers also poll; a lost wake-up only delays delivery a little.
+                log.warning("NOTIFY after commit failed: %s", exc)
         return conn
 
     async def _write_retrying(
         self, conn: psycopg.AsyncConnection, batch: list[Submission]
-    ) -> dict[Submission, list[EventAccepted] | ApiError]:
+    ) -> tuple[dict[Submission, list[EventAccepted] | ApiError], bool]:
+        """Write a batch; returns each submission's answer and whether any delivery was
+        created (so workers need waking)."""
         answers: dict[Submission, list[EventAccepted] | ApiError] = {}
-        remaining = list(batch)
+        listed = {d for s in batch for e in s.events for d in e.destination_ids or ()}
+        if listed:
+            # Refused before anything is written. A destination deleted between this check
+            # and the insert simply gets no delivery (the insert skips deleted ones).
+            cursor = await queue._run_async(conn, _FIND_DESTINATIONS, (list(listed),))
+            found = {row[0] for row in await cursor.fetchall()}
+            for submission in batch:
+                unknown = sorted(
+                    {d for e in submission.events for d in e.destination_ids or ()} - found
+                )
+                if unknown:
+                    answers[submission] = errors.invalid(
+                        f"destination_ids: unknown or deleted destination {unknown[0]}"
+                    )
+        remaining = [s for s in batch if s not in answers]
+        # The insert is one statement, hence atomic and durable on its own: in autocommit
+        # it is one round trip. Only a multi-event request with idempotency keys needs an
+        # explicit transaction, so that a key conflict in it can undo its other events.
+        atomic = any(
+            len(s.events) > 1 and any(e.idempotency_key for e in s.events) for s in remaining
+        )
+        notify = False
         while remaining:
-            try:
-                # Pipeline mode: BEGIN, the checks and the insert go out together, then
-                # NOTIFY and COMMIT: two round trips per batch instead of five.
-                async with conn.pipeline(), conn.transaction():
-                    written = await self._write(conn, remaining)
+            if not atomic:
+                written, conflicts, notify = await self._write(conn, remaining)
                 answers.update(written)
-                return answers
+                answers.update(conflicts)  # single events: nothing of theirs was written
+                break
+            try:
+                async with conn.transaction():
+                    written, conflicts, notify = await self._write(conn, remaining)
+                    if conflicts:
+                        raise _Reject(conflicts)
+                answers.update(written)
+                break
             except _Reject as reject:
                 # Rolled back: refuse those, write the rest again.
-                for index, error in reject.refused.items():
-                    answers[remaining[index]] = error
+                answers.update(reject.refused)
                 remaining = [s for s in remaining if s not in answers]
-        return answers
+        return answers, notify
 
     async def _write(
         self, conn: psycopg.AsyncConnection, batch: list[Submission]
-    ) -> dict[Submission, list[EventAccepted]]:
-        """Inside the caller's transaction; raises _Reject (the transaction rolls back)
-        naming the submissions to refuse."""
+    ) -> tuple[dict[Submission, list[EventAccepted]], dict[Submission, ApiError], bool]:
+        """Insert every event of `batch`; returns the answers, the submissions whose
+        Idempotency-Key was used before with a different request, and whether any
+        delivery was created."""
         events = [e for s in batch for e in s.events]
-        listed = {d for e in events for d in e.destination_ids or ()}
-        find = None
-        if listed:
-            find = await queue._run_async(conn, _FIND_DESTINATIONS, (list(listed),))
-        insert = await queue.enqueue_events_async_send(conn, events)
-        if find is not None:
-            found = {row[0] for row in await find.fetchall()}
-            if listed - found:
-                refused: dict[int, ApiError] = {}
-                for index, submission in enumerate(batch):
-                    unknown = sorted(
-                        {d for e in submission.events for d in e.destination_ids or ()} - found
-                    )
-                    if unknown:
-                        refused[index] = errors.invalid(
-                            f"destination_ids: unknown or deleted destination {unknown[0]}"
-                        )
-                raise _Reject(refused)
-        rows = await queue.enqueue_events_async_answers(insert)
+        rows = await queue.enqueue_events_async(conn, events)
         repeated = {
             e.idempotency_key for e, (event_id, _) in zip(events, rows, strict=True)
             if event_id is None
@@ -236,9 +253,9 @@ class Committer:
             for key, event_id, count, request_hash in await cursor.fetchall():
                 first_answers[key] = (event_id, count, bytes(request_hash or b""))
         results: dict[Submission, list[EventAccepted]] = {}
-        conflicts: dict[int, ApiError] = {}
+        conflicts: dict[Submission, ApiError] = {}
         position = 0
-        for index, submission in enumerate(batch):
+        for submission in batch:
             accepted: list[EventAccepted] = []
             for event in submission.events:
                 event_id, count = rows[position]
@@ -246,20 +263,17 @@ class Committer:
                 if event_id is None:
                     first = first_answers.get(event.idempotency_key or "")
                     if first is None or first[2] != event.request_hash:
-                        conflicts[index] = errors.conflict(
+                        conflicts[submission] = errors.conflict(
                             f"Idempotency-Key {event.idempotency_key!r} was already used"
                             " with a different request"
                         )
-                        position += len(submission.events) - len(accepted) - 1
-                        break
-                    event_id, count = first[0], first[1]
-                accepted.append(EventAccepted(event_id, count))
-            results[submission] = accepted
-        if conflicts:
-            raise _Reject(conflicts)
-        if any(count for event_id, count in rows if event_id is not None):
-            await conn.execute(_NOTIFY)
-        return results
+                    else:
+                        event_id, count = first[0], first[1]
+                accepted.append(EventAccepted(event_id or 0, count))
+            if submission not in conflicts:
+                results[submission] = accepted
+        created = any(count for event_id, count in rows if event_id is not None)
+        return results, conflicts, created
 
 
 def _fail(batch: Sequence[Submission], error: ApiError) -> None:
