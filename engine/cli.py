@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -11,8 +12,8 @@ import psycopg
 
 from engine import __version__
 from engine.config import ConfigError, Settings, load_settings
-from engine.database import open_database
-from engine.migrate import SchemaTooNew, migrate
+from engine.database import describe, open_database
+from engine.migrate import SchemaTooNew, migrate, schema_version
 
 
 def _add_common(parser: argparse.ArgumentParser, *, on_subcommand: bool = True) -> None:
@@ -77,10 +78,21 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def cmd_migrate(settings: Settings) -> int:
     database = open_database(settings)
     try:
-        applied = migrate(database.dsn)
+        print(f"database {describe(database.dsn)}")
+        started = time.perf_counter()
+        applied = migrate(
+            database.dsn,
+            progress=lambda name, seconds: print(f"applied {name} in {seconds:.2f} s"),
+        )
+        version, name = schema_version(database.dsn)
     finally:
         database.close()
-    print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    if applied:
+        count = f"{len(applied)} migration{'s' if len(applied) > 1 else ''}"
+        print(f"schema at version {version} ({name}): {count} applied in "
+              f"{time.perf_counter() - started:.2f} s")
+    else:
+        print(f"schema at version {version} ({name}): up to date, nothing applied")
     return 0
 
 

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from engine.config import Settings
 from engine.embedded import EmbeddedServer, ensure_server
@@ -43,3 +44,12 @@ def open_database(settings: Settings, *, announce: bool = True) -> Database:
 def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
     """An autocommit connection: the queue functions open their own short transactions."""
     return psycopg.connect(dsn, autocommit=True, **kwargs)  # type: ignore[arg-type]
+
+
+def describe(dsn: str) -> str:
+    """`user@host:port/dbname` for messages: never the password."""
+    params = conninfo_to_dict(dsn)
+    user = params.get("user") or "(default user)"
+    host = params.get("host") or "(local socket)"
+    port = f":{params['port']}" if params.get("port") else ""
+    return f"{user}@{host}{port}/{params.get('dbname') or user}"

@@ -7,6 +7,8 @@ applies in its own transaction together with its row in `schema_migrations`.
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +44,12 @@ def load_migrations(schema_dir: Path = SCHEMA_DIR) -> list[Migration]:
     return migrations
 
 
-def migrate(dsn: str, schema_dir: Path = SCHEMA_DIR) -> list[str]:
-    """Apply pending migrations; return the names applied (empty when up to date)."""
+def migrate(
+    dsn: str, schema_dir: Path = SCHEMA_DIR,
+    progress: Callable[[str, float], None] | None = None,
+) -> list[str]:
+    """Apply pending migrations; return the names applied (empty when up to date).
+    `progress(name, seconds)` is called after each file is committed."""
     migrations = load_migrations(schema_dir)
     applied_now: list[str] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -65,6 +71,7 @@ def migrate(dsn: str, schema_dir: Path = SCHEMA_DIR) -> list[str]:
             for migration in migrations:
                 if migration.version <= current:
                     continue
+                started = time.perf_counter()
                 with conn.transaction():
                     conn.execute(migration.sql.encode())
                     conn.execute(
@@ -72,6 +79,20 @@ def migrate(dsn: str, schema_dir: Path = SCHEMA_DIR) -> list[str]:
                         (migration.version, migration.name),
                     )
                 applied_now.append(migration.name)
+                if progress is not None:
+                    progress(migration.name, time.perf_counter() - started)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     return applied_now
+
+
+def schema_version(dsn: str) -> tuple[int, str | None]:
+    """The newest migration applied to the database: (version, name), (0, None) if none."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+        if not exists or not exists[0]:
+            return 0, None
+        row = conn.execute(
+            "SELECT version, name FROM schema_migrations ORDER BY version DESC LIMIT 1"
+        ).fetchone()
+    return (int(row[0]), str(row[1])) if row else (0, None)
