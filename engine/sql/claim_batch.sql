@@ -9,9 +9,10 @@
 --
 -- Retries and first attempts are two range scans of deliveries_claimable_idx. Retries
 -- may take at most ($limit - min($reserve, first attempts available)): after an outage
--- the due retries cannot crowd out fresh deliveries. The branches test the index's boolean
--- column with IS TRUE / IS FALSE: the planner rewrites `(attempt = 0) = false` into
--- `attempt <> 0`, which no longer matches the index (tests/test_claim_plan.py checks).
+-- the due retries cannot crowd out fresh deliveries. Each branch names the index's key
+-- `least(attempt, 1)` exactly, with `=`, so the scan comes out ordered by next_attempt_at
+-- and stops after $limit rows (schema/004_claim_index_estimates.sql says why this key;
+-- tests/test_claim_plan.py checks the plans).
 --
 -- The final UPDATE finds its rows by primary key (= ANY of the chosen ids) whatever the
 -- planner thinks of the backlog's size.
@@ -87,7 +88,7 @@ WITH probed_destinations AS (
       FROM deliveries d
       JOIN destinations dest ON dest.id = d.destination_id
      WHERE d.status = 'pending'
-       AND (d.attempt = 0) IS TRUE
+       AND least(d.attempt, 1) = 0
        AND d.next_attempt_at <= now()
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
@@ -105,7 +106,7 @@ WITH probed_destinations AS (
       FROM deliveries d
       JOIN destinations dest ON dest.id = d.destination_id
      WHERE d.status = 'pending'
-       AND (d.attempt = 0) IS FALSE
+       AND least(d.attempt, 1) = 1
        AND d.next_attempt_at <= now()
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'

@@ -9,9 +9,9 @@ UNION ALL
 SELECT 'oldest_due_age', '',
        coalesce(extract(epoch FROM now() - least(
            (SELECT min(next_attempt_at) FROM deliveries
-             WHERE status = 'pending' AND (attempt = 0) = true AND next_attempt_at <= now()),
+             WHERE status = 'pending' AND least(attempt, 1) = 0 AND next_attempt_at <= now()),
            (SELECT min(next_attempt_at) FROM deliveries
-             WHERE status = 'pending' AND (attempt = 0) = false AND next_attempt_at <= now())
+             WHERE status = 'pending' AND least(attempt, 1) = 1 AND next_attempt_at <= now())
        )), 0)::float8
 UNION ALL
 SELECT 'breaker', breaker::text, count(*)::float8
