@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import psycopg
+from psycopg.types.array import ListBinaryDumper
+from psycopg.types.string import StrBinaryDumper
 
 from engine import queue
 from engine.ingress import errors
@@ -145,6 +147,10 @@ class Committer:
                     self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                     application_name="engine ingress commit",
                 )
+                # Binary parameters: the text array format escapes every payload
+                # character by character in Python (7x slower for 25 payloads of 1 KB).
+                conn.adapters.register_dumper(list, ListBinaryDumper)
+                conn.adapters.register_dumper(str, StrBinaryDumper)
             answers, notify = await self._write_retrying(conn, batch)
         except psycopg.OperationalError as exc:
             # The connection or the server failed: nobody's events are known to be written.
