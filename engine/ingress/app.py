@@ -121,6 +121,9 @@ class Response:
     headers: list[tuple[bytes, bytes]] | None = None
 
 
+Handler = Callable[[Request], Awaitable[Response]]
+
+
 def _json(status: int, value: Any) -> Response:
     return Response(status, _encoder.encode(value), JSON_HEADERS)
 
@@ -153,9 +156,14 @@ class IngressApp:
         self.pool: psycopg_pool.AsyncConnectionPool | None = None
         self.committer: Committer | None = None
         self.openapi_document = _encoder.encode(build_document(settings.max_timeout_ms))
-        self.routes: list[tuple[Operation, Callable[[Request], Awaitable[Response]]]] = [
-            (op, getattr(self, op.id)) for op in OPERATIONS
-        ]
+        # Fixed paths by dictionary lookup; only paths with an {id} need a regex.
+        self.fixed_routes: dict[str, list[tuple[Operation, Handler]]] = {}
+        self.id_routes: list[tuple[Operation, Handler]] = []
+        for op in OPERATIONS:
+            if "{" in op.path:
+                self.id_routes.append((op, getattr(self, op.id)))
+            else:
+                self.fixed_routes.setdefault(op.path, []).append((op, getattr(self, op.id)))
 
     # ASGI ------------------------------------------------------------------------------
 
@@ -188,22 +196,26 @@ class IngressApp:
         await send({"type": "http.response.body", "body": response.body})
         self.meters.observe(route, response.status, time.perf_counter() - started)
 
-    def _route(self, scope: dict[str, Any]) -> tuple[Operation, Any, int | None]:
+    def _route(self, scope: dict[str, Any]) -> tuple[Operation, Handler, int | None]:
         path: str = scope["path"]
         method: str = scope["method"]
         allowed: list[str] = []
-        for operation, handler in self.routes:
+        fixed = self.fixed_routes.get(path)
+        if fixed is not None:
+            for operation, handler in fixed:
+                if operation.method == method:
+                    return operation, handler, None
+                allowed.append(operation.method)
+        for operation, handler in () if fixed else self.id_routes:
             match = operation.pattern.match(path)
             if match is None:
                 continue
             if operation.method != method:
                 allowed.append(operation.method)
                 continue
-            path_id = None
-            if "id" in match.groupdict():
-                path_id = int(match["id"])
-                if path_id > s.MAX_ID:
-                    raise errors.not_found()
+            path_id = int(match["id"])
+            if path_id > s.MAX_ID:
+                raise errors.not_found()
             return operation, handler, path_id
         if allowed:
             raise errors.method_not_allowed(method, allowed)

@@ -31,9 +31,17 @@ class IngressMetrics:
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
 
+        # Labelled children looked up once per (route, status), not on every request.
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+
     def observe(self, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        children = self._children.get((route, status))
+        if children is None:
+            children = self._children[route, status] = (
+                self.requests.labels(route, str(status)), self.latency.labels(route)
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
     def observe_commit(self, requests: int, events: int, seconds: float) -> None:
         engine_metrics.instruments().ingested_events.inc(events)
