@@ -208,6 +208,19 @@ class CurlPool:
     def in_flight(self) -> int:
         return len(self._active)
 
+    def start(
+        self,
+        url: str,
+        headers: list[str],
+        body: bytes,
+        timeout_ms: int,
+        pin: str | None = None,
+    ) -> asyncio.Future[HttpResult]:
+        """Begin a POST and return the future of its result, for callers that handle
+        completions with callbacks instead of a task per request. Cancelling the future
+        stops nothing: the request runs on until it ends or `close`."""
+        return self._begin(url, headers, body, timeout_ms, pin).future  # type: ignore[return-value]
+
     async def post(
         self,
         url: str,
@@ -217,6 +230,19 @@ class CurlPool:
         pin: str | None = None,
     ) -> HttpResult:
         """POST `body` to `url`; with `pin`, connect to that address whatever DNS says."""
+        transfer = self._begin(url, headers, body, timeout_ms, pin)
+        future = transfer.future
+        assert future is not None
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._active.get(transfer.curl) is transfer:
+                self._release(transfer)
+            raise
+
+    def _begin(
+        self, url: str, headers: list[str], body: bytes, timeout_ms: int, pin: str | None
+    ) -> _Transfer:
         if self._closed:
             raise RuntimeError("CurlPool is closed")
         transfer = self._free.pop() if self._free else _Transfer(self._max_body, self._max_drain)
@@ -230,16 +256,10 @@ class CurlPool:
         # Entries land in the multi's shared DNS cache; a later unpinned request to the
         # same host:port may use them too, which only ever points at a checked address.
         curl.setopt(pycurl.RESOLVE, [] if pin is None else _resolve_entry(url, pin))
-        future = self._loop.create_future()
-        transfer.start(future)
+        transfer.start(self._loop.create_future())
         self._active[curl] = transfer
         self._multi.add_handle(curl)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if self._active.get(curl) is transfer:
-                self._release(transfer)
-            raise
+        return transfer
 
     async def post_checked(
         self,

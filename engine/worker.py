@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
+from functools import partial
 
 import psycopg
 import uvloop
@@ -87,9 +89,10 @@ class DeliveryWorker:
         self.destinations: dict[int, _DestinationSlots] = {}
         self.results: list[Result] = []
         self.flushing = 0
+        self.retry_due = math.inf  # monotonic time the earliest retry we recorded is due
         self.stopping = False
         self.closing = False
-        self.sends: set[asyncio.Task[None]] = set()
+        self.sending: set[asyncio.Future[HttpResult]] = set()
         self.metrics = instruments()
 
     # Lifecycle
@@ -136,12 +139,12 @@ class DeliveryWorker:
                 claim, _ = slots.waiting.popleft()
                 self._release(claim)
                 unsent += 1
-        if self.sends:
-            await asyncio.wait(self.sends, timeout=max(0.0, deadline - time.monotonic()))
-        unfinished = len(self.sends)
-        for task in list(self.sends):
-            task.cancel()
-        await asyncio.gather(*self.sends, return_exceptions=True)
+        if self.sending:
+            await asyncio.wait(self.sending, timeout=max(0.0, deadline - time.monotonic()))
+        unfinished = list(self.sending)
+        for future in unfinished:
+            future.cancel()
+        await asyncio.gather(*unfinished, return_exceptions=True)
         self.closing = True
         self.flush_wanted.set()
         await flusher
@@ -150,7 +153,7 @@ class DeliveryWorker:
         await self.flush_conn.close()
         log_event(
             "worker_drained", worker=self.worker, released_unsent=unsent,
-            released_unfinished=unfinished,
+            released_unfinished=len(unfinished),
         )
 
     async def _connect(self, *, listen: bool) -> psycopg.AsyncConnection:
@@ -209,6 +212,7 @@ class DeliveryWorker:
                     self._release(claim)
             else:
                 self._dispatch(claims)
+            self.metrics.in_flight.set(len(self.sending))
 
     async def _reconnect_claim(self) -> None:
         await self.claim_conn.close()
@@ -216,9 +220,11 @@ class DeliveryWorker:
         self.claim_conn = await self._connect(listen=True)
 
     async def _wait_for_work(self) -> bool:
-        """Until a NOTIFY arrives or the poll interval passes; False when draining."""
+        """Until a NOTIFY arrives, the poll interval passes or a retry this worker recorded
+        falls due; False when draining."""
         conn = self.claim_conn
-        deadline = time.monotonic() + POLL_INTERVAL_S
+        deadline = min(time.monotonic() + POLL_INTERVAL_S, self.retry_due)
+        self.retry_due = math.inf
         try:
             while not self.stopping:
                 remaining = deadline - time.monotonic()
@@ -261,36 +267,41 @@ class DeliveryWorker:
     # Sending
 
     def _start(self, claim: Claim, slots: _DestinationSlots) -> None:
+        """Begin one POST. Completions arrive as future callbacks: no task per delivery."""
         slots.active += 1
-        task = self.loop.create_task(self._send(claim, slots))
-        self.sends.add(task)
-        task.add_done_callback(self.sends.discard)
-
-    async def _send(self, claim: Claim, slots: _DestinationSlots) -> None:
+        body = claim.payload.encode()
         try:
-            body = claim.payload.encode()
-            try:
-                headers = build_headers(
-                    claim.secrets, message_id(claim.event_id), int(time.time()), body
-                )
-            except ValueError as exc:  # a malformed secret: a failed attempt, not a crash
-                self._add_result(self._failure(claim, _utcnow(), None, None, f"signing: {exc}"))
-                return
-            timeout_ms = min(claim.timeout_ms, self.settings.max_timeout_ms)
-            self.metrics.in_flight.inc()
-            try:
-                response = await self.http.post_checked(
-                    claim.url, headers, body, timeout_ms, self.settings.allow_private_targets
-                )
-            except asyncio.CancelledError:
-                # The drain deadline passed with this request unanswered.
-                self._add_result(Result(claim.id, claim.attempt, "released", _utcnow()))
-                raise
-            finally:
-                self.metrics.in_flight.dec()
-            self._add_result(self._outcome(claim, response))
-        finally:
+            headers = build_headers(
+                claim.secrets, message_id(claim.event_id), int(time.time()), body
+            )
+        except ValueError as exc:  # a malformed secret: a failed attempt, not a crash
+            self._add_result(self._failure(claim, _utcnow(), None, None, f"signing: {exc}"))
             self._finished(slots, claim.destination_id)
+            return
+        timeout_ms = min(claim.timeout_ms, self.settings.max_timeout_ms)
+        future: asyncio.Future[HttpResult]
+        if self.settings.allow_private_targets:
+            future = self.http.start(claim.url, headers, body, timeout_ms)
+        else:  # resolve, check and pin the address first (cached per host)
+            future = self.loop.create_task(
+                self.http.post_checked(claim.url, headers, body, timeout_ms, False)
+            )
+        self.sending.add(future)
+        future.add_done_callback(partial(self._on_response, claim, slots))
+
+    def _on_response(
+        self, claim: Claim, slots: _DestinationSlots, future: asyncio.Future[HttpResult]
+    ) -> None:
+        self.sending.discard(future)
+        if future.cancelled():
+            # The drain deadline passed with this request unanswered.
+            result = Result(claim.id, claim.attempt, "released", _utcnow())
+        elif (exc := future.exception()) is not None:
+            result = self._failure(claim, _utcnow(), None, None, f"internal: {exc!r}")
+        else:
+            result = self._outcome(claim, future.result())
+        self._add_result(result)
+        self._finished(slots, claim.destination_id)
 
     def _finished(self, slots: _DestinationSlots, destination_id: int) -> None:
         slots.active -= 1
@@ -363,7 +374,6 @@ class DeliveryWorker:
     # Recording
 
     def _add_result(self, result: Result) -> None:
-        self.metrics.deliveries.labels(result.outcome).inc()
         if result.duration_ms is not None:
             self.metrics.attempt_seconds.labels(result.outcome).observe(
                 result.duration_ms / 1000
@@ -384,10 +394,23 @@ class DeliveryWorker:
                 batch, self.results = self.results, []
                 self.flushing = len(batch)
                 await self._record(batch)
+                self._note_retries(batch)
+                # Metrics per batch, not per delivery: each update is a write to a shared file.
+                for outcome, n in Counter(r.outcome for r in batch).items():
+                    self.metrics.deliveries.labels(outcome).inc(n)
+                self.metrics.in_flight.set(len(self.sending))
                 self.flushing = 0
                 self.room.set()
             elif self.closing:
                 return
+
+    def _note_retries(self, batch: list[Result]) -> None:
+        """Remember when the earliest retry just recorded falls due, so that a short retry
+        delay is not stretched to the poll interval."""
+        due = [r.next_attempt_at for r in batch if r.outcome == "retry"]
+        if due:
+            seconds = (min(due) - _utcnow()).total_seconds()  # type: ignore[type-var]
+            self.retry_due = min(self.retry_due, time.monotonic() + max(0.0, seconds))
 
     async def _record(self, batch: list[Result]) -> None:
         """Record one batch, retrying through database outages: outcomes are not dropped

@@ -48,6 +48,8 @@ class Engine:
         self, exc_type: type[BaseException] | None, exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc is not None:  # pytest shows captured output next to the failure
+            print(f"--- engine log ({self.log_path}) ---\n{self.log_path.read_text()}")
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return

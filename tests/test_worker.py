@@ -22,8 +22,8 @@ from tests.test_queue import add_destination
 
 # Short retries so a test sees several attempts; a breaker that never opens unless a
 # test asks for it (breaker behaviour has its own tests).
-SCHEDULE = "200ms,200ms,200ms,200ms,200ms"
-MAX_ATTEMPTS = 6
+SCHEDULE = "200ms," * 8 + "200ms"
+MAX_ATTEMPTS = 10  # flaky/30 fails all ten for one delivery in 170,000
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_delivers_signed_through_fast_slow_flaky_and_dead_destinations(
     with FakeDestination(secrets=[secret]) as fake:
         fast = add_destination(conn, url=fake.url("fast/fast"), secret=secret)
         slow = add_destination(conn, url=fake.url("slow/300/slow"), secret=secret)
-        flaky = add_destination(conn, url=fake.url("flaky/40/flaky"), secret=secret)
+        flaky = add_destination(conn, url=fake.url("flaky/30/flaky"), secret=secret)
         dead = add_destination(conn, url=fake.url("dead/dead"), secret=secret, timeout_ms=300)
         rotated = add_destination(
             conn, url=fake.url("fast/rotated"), secret=secret, previous_secret=old_secret,
@@ -85,7 +85,8 @@ def test_delivers_signed_through_fast_slow_flaky_and_dead_destinations(
 
         with engine(dsn, tmp_path, config, "--procs", "2"):
             for destination in (fast, slow, flaky):
-                wait_until(lambda d=destination: finished(conn, d) == 40, 30, "40 delivered")
+                wait_until(lambda d=destination: finished(conn, d) == 40, 30,
+                           f"40 delivered to destination {destination}")
             wait_until(lambda: finished(conn, dead, "dead") == 3, 30, "dead deliveries")
             wait_until(lambda: finished(conn, rotated) == 1, 30, "rotated delivered")
 
@@ -201,7 +202,8 @@ def test_sigterm_drains_and_a_second_signal_exits_at_once(
         hanging = add_destination(conn, url=fake.url("dead/h"), timeout_ms=20_000)
         enqueue(conn, ["{}"] * 100, [slow])
         enqueue(conn, ["{}"] * 20, [hanging])
-        with engine(dsn, tmp_path, config, "--procs", "2", "--max-in-flight", "50",
+        # Room for all 120 at once, so slow and hanging requests are in flight together.
+        with engine(dsn, tmp_path, config, "--procs", "2", "--max-in-flight", "100",
                     "--drain-deadline", "4") as run:
             wait_until(lambda: fake.name_stats("s").get("in_flight", 0) >= 20
                        and fake.name_stats("h").get("in_flight", 0) == 20, 20, "in flight")
