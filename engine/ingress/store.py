@@ -79,22 +79,34 @@ EVENT_DELIVERIES = (
 )
 
 # Keyset pagination, newest first, over both tables (they share one id sequence). Each
-# side is limited on its own so each can walk its primary key (or the destination index)
-# backwards and stop early.
-LIST_DELIVERIES = (
-    b"(SELECT" + _DELIVERY_COLUMNS + b""", NULL::timestamptz FROM deliveries
-      WHERE ($1::bigint IS NULL OR destination_id = $1::bigint)
-        AND ($2::text IS NULL OR status::text = $2::text)
-        AND ($3::bigint IS NULL OR id < $3::bigint)
-      ORDER BY id DESC LIMIT $4::int)
- UNION ALL
- (SELECT""" + _DELIVERY_COLUMNS + b""", completed_at FROM finished_deliveries
-      WHERE ($1::bigint IS NULL OR destination_id = $1::bigint)
-        AND ($2::text IS NULL OR status::text = $2::text)
-        AND ($3::bigint IS NULL OR id < $3::bigint)
-      ORDER BY id DESC LIMIT $4::int)
- ORDER BY id DESC LIMIT $4::int"""
-)
+# side is limited on its own so it can walk an index backwards and stop early. $5/$6 say
+# which tables can hold the wanted status at all (pending/in_flight live only in
+# `deliveries`, delivered/dead only in `finished_deliveries`): a false one is a one-time
+# filter, so that side is not scanned at all.
+#   $1 status text (NULL: any), $2 before id, $3 limit, $4 scan deliveries,
+#   $5 scan finished_deliveries, $6 destination id (by-destination variant only)
+_LIST_ALL_SIDE = b"""
+      WHERE ($1::text IS NULL OR status::text = $1::text)
+        AND ($2::bigint IS NULL OR id < $2::bigint)"""
+# By destination: (destination_id, id) on finished_deliveries; (destination_id, status)
+# on the hot table, whose rows per destination are that destination's backlog.
+_LIST_DESTINATION_SIDE = _LIST_ALL_SIDE + b"""
+        AND destination_id = $6::bigint"""
+
+
+def _list_deliveries(side: bytes) -> bytes:
+    return (
+        b"(SELECT" + _DELIVERY_COLUMNS + b", NULL::timestamptz FROM deliveries" + side
+        + b" AND $4::bool ORDER BY id DESC LIMIT $3::int)"
+        b" UNION ALL (SELECT" + _DELIVERY_COLUMNS + b", completed_at FROM finished_deliveries"
+        + side + b" AND $5::bool ORDER BY id DESC LIMIT $3::int)"
+        b" ORDER BY id DESC LIMIT $3::int"
+    )
+
+
+LIST_DELIVERIES = _list_deliveries(_LIST_ALL_SIDE)
+LIST_DESTINATION_DELIVERIES = _list_deliveries(_LIST_DESTINATION_SIDE)
+HOT_STATUSES = ("pending", "in_flight")
 
 READ_DELIVERY = (
     b"SELECT" + _DELIVERY_COLUMNS + b", NULL::timestamptz FROM deliveries WHERE id = $1::bigint"
@@ -187,8 +199,14 @@ async def list_deliveries(
     conn: AsyncConnection, destination_id: int | None, status: str | None,
     before_id: int | None, limit: int,
 ) -> list[Delivery]:
-    rows = await _fetchall(conn, LIST_DELIVERIES, (destination_id, status, before_id, limit))
-    return [Delivery(*r) for r in rows]
+    scan_hot = status is None or status in HOT_STATUSES
+    scan_finished = status is None or status not in HOT_STATUSES
+    params: tuple = (status, before_id, limit, scan_hot, scan_finished)
+    statement = LIST_DELIVERIES
+    if destination_id is not None:
+        statement = LIST_DESTINATION_DELIVERIES
+        params = (*params, destination_id)
+    return [Delivery(*r) for r in await _fetchall(conn, statement, params)]
 
 
 async def read_delivery(conn: AsyncConnection, delivery_id: int) -> DeliveryDetail | None:
