@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 DEFAULT_WINDOW_S = 0.0015
 DEFAULT_MAX_EVENTS = 2000
 DEFAULT_SLOTS = 2
+# Beyond this many events waiting for a commit, refuse (503) rather than queue without
+# bound: the database is not keeping up and the clients should back off.
+DEFAULT_MAX_WAITING_EVENTS = 50_000
 CONNECT_TIMEOUT_S = 5
 # Test hook, only active when set: sleep this long after a commit before answering, so a
 # test can kill the process between the two.
@@ -69,8 +72,10 @@ class Committer:
     def __init__(
         self, dsn: str, *, window_s: float = DEFAULT_WINDOW_S,
         max_events: int = DEFAULT_MAX_EVENTS, slots: int = DEFAULT_SLOTS,
+        max_waiting_events: int = DEFAULT_MAX_WAITING_EVENTS,
     ) -> None:
         self.dsn = dsn
+        self.max_waiting_events = max_waiting_events
         self.window_s = window_s
         self.max_events = max_events
         self.slot_count = slots
@@ -96,6 +101,8 @@ class Committer:
 
     async def submit(self, events: Sequence[EventIn]) -> list[EventAccepted]:
         """Queue events for the next group commit; returns once they are committed."""
+        if self._waiting_events + len(events) > self.max_waiting_events and self._waiting:
+            raise errors.unavailable("too many events are waiting for a commit; retry later")
         future: asyncio.Future[list[EventAccepted]] = asyncio.get_running_loop().create_future()
         self._waiting.append(Submission(events, future))
         self._waiting_events += len(events)
