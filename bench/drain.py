@@ -125,6 +125,7 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
         command = [
             sys.executable, "-m", "engine.cli", "--dsn", dsn, "--procs", str(args.procs),
             "--allow-private-targets", "--max-in-flight", str(args.max_in_flight),
+            "--bind", "127.0.0.1:0",  # ingress idles here; any free port
         ]
         load_before = os.getloadavg()
         pg_before = tree_cpu(pg_pid)

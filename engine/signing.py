@@ -2,7 +2,6 @@
 
 import base64
 import binascii
-import hashlib
 import hmac
 import secrets as _random
 from collections.abc import Sequence
@@ -42,7 +41,8 @@ def sign(secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes) -> st
         raise ValueError("at least one secret is needed to sign")
     signed = f"{msg_id}.{timestamp}.".encode() + body
     return " ".join(
-        "v1," + base64.b64encode(hmac.new(secret_key(s), signed, hashlib.sha256).digest()).decode()
+        # hmac.digest: OpenSSL's one-shot HMAC, without building an HMAC object per request.
+        "v1," + base64.b64encode(hmac.digest(secret_key(s), signed, "sha256")).decode()
         for s in secrets
     )
 

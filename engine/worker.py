@@ -17,6 +17,7 @@ import datetime as dt
 import math
 import signal
 import time
+from bisect import bisect_left
 from collections import Counter, deque
 from functools import partial
 
@@ -374,10 +375,6 @@ class DeliveryWorker:
     # Recording
 
     def _add_result(self, result: Result) -> None:
-        if result.duration_ms is not None:
-            self.metrics.attempt_seconds.labels(result.outcome).observe(
-                result.duration_ms / 1000
-            )
         results = self.results
         results.append(result)
         if len(results) >= FLUSH_SIZE:
@@ -395,14 +392,30 @@ class DeliveryWorker:
                 self.flushing = len(batch)
                 await self._record(batch)
                 self._note_retries(batch)
-                # Metrics per batch, not per delivery: each update is a write to a shared file.
-                for outcome, n in Counter(r.outcome for r in batch).items():
-                    self.metrics.deliveries.labels(outcome).inc(n)
-                self.metrics.in_flight.set(len(self.sending))
+                self._count(batch)
                 self.flushing = 0
                 self.room.set()
             elif self.closing:
                 return
+
+    def _count(self, batch: list[Result]) -> None:
+        """Metrics per batch, not per delivery: in multiprocess mode every update is a
+        locked write to a shared file. prometheus_client has no bulk `observe`, so the
+        attempt histogram's bucket and sum values are advanced by the batch's totals."""
+        metrics = self.metrics
+        durations: dict[str, list[float]] = {}
+        for r in batch:
+            if r.duration_ms is not None:
+                durations.setdefault(r.outcome, []).append(r.duration_ms / 1000)
+        for outcome, n in Counter(r.outcome for r in batch).items():
+            metrics.deliveries.labels(outcome).inc(n)
+        for outcome, seconds in durations.items():
+            histogram = metrics.attempt_seconds.labels(outcome)
+            bounds = histogram._upper_bounds
+            for index, n in Counter(bisect_left(bounds, s) for s in seconds).items():
+                histogram._buckets[index].inc(n)
+            histogram._sum.inc(sum(seconds))
+        metrics.in_flight.set(len(self.sending))
 
     def _note_retries(self, batch: list[Result]) -> None:
         """Remember when the earliest retry just recorded falls due, so that a short retry
