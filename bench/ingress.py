@@ -43,6 +43,7 @@ from engine.migrate import migrate
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "bench" / "reports"
 LOCUSTFILE = ROOT / "bench" / "locustfile.py"
+WRK_SCRIPT = ROOT / "bench" / "ingress_wrk.lua"
 PGBENCH_CLIENTS = 8
 PGBENCH_SCRIPT = (
     "INSERT INTO pgbench_single_row (payload) VALUES (repeat('x', 1024));\n"
@@ -230,6 +231,47 @@ def run_locust(base_url: str, *, mode: str, users: int, seconds: int, user_rps: 
     }
 
 
+_WRK_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def _wrk_ms(text: str) -> float:
+    number, unit = re.fullmatch(r"([0-9.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(number) * _WRK_UNITS[unit]
+
+
+def run_wrk(base_url: str, *, mode: str, connections: int, seconds: int,
+            batch: int = 1000) -> dict[str, Any] | None:
+    """The same load from wrk (C, nearly free of CPU): shows how much of a locust figure
+    is locust's own cost on this small machine. None when wrk is not installed."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return None
+    env = {**os.environ, "BENCH_MODE": mode, "BENCH_BATCH": str(batch)}
+    before = load()
+    result = subprocess.run(
+        [wrk, "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-s",
+         str(WRK_SCRIPT), base_url],
+        env=env, capture_output=True, text=True, timeout=seconds + 60,
+    )
+    out = result.stdout
+    requests_per_s = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    total = re.search(r"(\d+) requests in", out)
+    failures = int(bad.group(1)) if bad else 0
+    requests = int(total.group(1)) if total else 0
+    if requests:
+        requests_per_s *= 1 - failures / requests
+    percentiles = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.MULTILINE))
+    per_request = batch if mode == "batch" else 1
+    return {
+        "tool": "wrk", "mode": mode, "connections": connections, "seconds": seconds,
+        "requests": requests, "failures": failures, "requests_per_s": requests_per_s,
+        "events_per_s": requests_per_s * per_request,
+        "p50_ms": _wrk_ms(percentiles["50"]), "p99_ms": _wrk_ms(percentiles["99"]),
+        "load_before": before, "load_after": load(),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", help="admin DSN of a server to bench on (default: embedded)")
@@ -273,6 +315,14 @@ def main() -> int:
                 base, mode="batch", users=args.batch_users, seconds=args.duration
             )
             print("batch:", phases["batch"], flush=True)
+            phases["single_ceiling_wrk"] = run_wrk(
+                base, mode="single", connections=args.ceiling_users, seconds=args.duration
+            )
+            print("ceiling (wrk):", phases["single_ceiling_wrk"], flush=True)
+            phases["batch_wrk"] = run_wrk(
+                base, mode="batch", connections=args.batch_users, seconds=args.duration
+            )
+            print("batch (wrk):", phases["batch_wrk"], flush=True)
             report["fakedest"] = {
                 name: {k: v for k, v in fake.name_stats(name).items() if not isinstance(v, list)}
                 for name in ("a", "b")
@@ -287,6 +337,10 @@ def main() -> int:
         "batch_events_per_s": phases["batch"]["events_per_s"],
         "batch_vs_pgbench": phases["batch"]["events_per_s"] / pgbench_tps,
         "targets": {"p99_ms": 10, "single_vs_pgbench": 0.5, "batch_vs_pgbench": 2.0},
+        "cross_check_wrk": {
+            name: phases[name]["events_per_s"] / pgbench_tps
+            for name in ("single_ceiling_wrk", "batch_wrk") if phases.get(name)
+        },
     }
     report["uptime_at_end"] = uptime()
     REPORTS.mkdir(parents=True, exist_ok=True)
