@@ -12,6 +12,7 @@ import pytest
 
 from engine.ingress.committer import Committer
 from engine.ingress.errors import ApiError
+from engine.queries import NOTIFY_CHANNEL
 from engine.queue import EventIn
 
 T = TypeVar("T")
@@ -131,3 +132,21 @@ def test_answers_come_only_after_the_commit(dsn: str, window_s: float) -> None:
 
     event_id, rows = asyncio.run(run_with(committer, work))
     assert rows == [(event_id,)]
+
+
+def test_commits_wake_the_workers_with_a_debounced_notify(
+    dsn: str, conn: psycopg.Connection
+) -> None:
+    add_destination(conn)
+    committer = Committer(dsn, window_s=0)
+
+    async def work() -> Any:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+            await listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            for i in range(20):  # 20 commits in quick succession
+                await committer.submit([EventIn("t", str(i))])
+            await asyncio.sleep(0.2)
+            return [n async for n in listener.notifies(timeout=1, stop_after=100)]
+
+    notifications = asyncio.run(run_with(committer, work))
+    assert 1 <= len(notifications) < 20

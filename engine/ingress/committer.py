@@ -2,8 +2,9 @@
 
 Requests that arrive within a short window (or until enough events wait) are written
 together — every event and all its deliveries, in ONE statement, so one transaction and
-one round trip — and each request is answered only after that commit. Then one NOTIFY
-per committed batch wakes the workers (after the commit, so they find the rows).
+one round trip — and each request is answered only after that commit. Then a NOTIFY
+wakes the workers (after the commit, so they find the rows), debounced to at most one
+per few milliseconds.
 
 A few committer slots, each with its own connection, run side by side: while one batch
 waits for its commit (fsync), the next one gathers and starts on another connection.
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 DEFAULT_WINDOW_S = 0.0015
 DEFAULT_MAX_EVENTS = 2000
 DEFAULT_SLOTS = 2
+NOTIFY_INTERVAL_S = 0.005
 # Beyond this many events waiting for a commit, refuse (503) rather than queue without
 # bound: the database is not keeping up and the clients should back off.
 DEFAULT_MAX_WAITING_EVENTS = 50_000
@@ -84,11 +86,13 @@ class Committer:
         self._waiting_events = 0
         self._arrived = asyncio.Event()
         self._full = asyncio.Event()
+        self._notify_wanted = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.on_commit: list = []  # callbacks(batch_requests, batch_events, seconds)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._slot()) for _ in range(self.slot_count)]
+        self._tasks.append(asyncio.create_task(self._notifier()))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -150,14 +154,7 @@ class Committer:
         started = loop.time()
         try:
             if conn is None or conn.closed:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                    application_name="engine ingress commit",
-                )
-                # Binary parameters: the text array format escapes every payload
-                # character by character in Python (7x slower for 25 payloads of 1 KB).
-                conn.adapters.register_dumper(list, ListBinaryDumper)
-                conn.adapters.register_dumper(str, StrBinaryDumper)
+                conn = await self._connect("engine ingress commit")
             answers, notify = await self._write_retrying(conn, batch)
         except psycopg.OperationalError as exc:
             # The connection or the server failed: nobody's events are known to be written.
@@ -193,12 +190,42 @@ class Committer:
         for callback in self.on_commit:
             callback(len(batch), sum(len(s.events) for s in batch), elapsed)
         if notify:
-            # After answering: the rows are committed, so a woken worker finds them.
-            try:
-                await conn.execute(_NOTIFY)
-            except psycopg.Error as exc:
-                # Workers also poll; a lost wake-up only delays delivery a little.
-                log.warning("NOTIFY after commit failed: %s", exc)
+            self._notify_wanted.set()
+        return conn
+
+    async def _notifier(self) -> None:
+        """Wakes the workers after commits: at most one NOTIFY per NOTIFY_INTERVAL_S,
+        always one after the last commit. Many small commits would otherwise make every
+        worker claim many tiny batches, which costs more CPU than it saves latency."""
+        conn: psycopg.AsyncConnection | None = None
+        try:
+            while True:
+                await self._notify_wanted.wait()
+                self._notify_wanted.clear()
+                try:
+                    if conn is None or conn.closed:
+                        conn = await self._connect("engine ingress notify")
+                    await conn.execute(_NOTIFY)
+                except psycopg.Error as exc:
+                    # Workers also poll; a lost wake-up only delays delivery a little.
+                    log.warning("NOTIFY after commit failed: %s", exc)
+                    if conn is not None:
+                        await conn.close()
+                    conn = None
+                await asyncio.sleep(NOTIFY_INTERVAL_S)
+        finally:
+            if conn is not None:
+                await conn.close()
+
+    async def _connect(self, name: str) -> psycopg.AsyncConnection:
+        conn = await psycopg.AsyncConnection.connect(
+            self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+            application_name=name,
+        )
+        # Binary parameters: the text array format escapes every payload character by
+        # character in Python (7x slower for 25 payloads of 1 KB).
+        conn.adapters.register_dumper(list, ListBinaryDumper)
+        conn.adapters.register_dumper(str, StrBinaryDumper)
         return conn
 
     async def _write_retrying(
