@@ -100,11 +100,12 @@ class EventIn:
 
 
 def claim_params(
-    worker: str, limit: int, lease_ms: int, first_attempt_reserve: int, capped: list[int]
+    worker: str, limit: int, lease_ms: int, first_attempt_reserve: int, capped: list[int],
+    skip_destinations: Sequence[int] = (),
 ) -> tuple[object, ...]:
     """Parameters of claim_batch.sql (shared by the sync and async queue functions);
     `capped` is what lock_capped_destinations.sql returned in the same transaction."""
-    return (worker, limit, first_attempt_reserve, lease_ms, capped)
+    return (worker, limit, first_attempt_reserve, lease_ms, capped, list(skip_destinations))
 
 
 def record_params(
@@ -140,16 +141,20 @@ def return_params(
 
 
 def claim_batch(
-    conn: Connection, worker: str, limit: int, lease_ms: int, first_attempt_reserve: int = 0
+    conn: Connection, worker: str, limit: int, lease_ms: int, first_attempt_reserve: int = 0,
+    skip_destinations: Sequence[int] = (),
 ) -> list[Claim]:
-    """Claim up to `limit` due deliveries for `worker`; commits before returning."""
+    """Claim up to `limit` due deliveries for `worker`, none of `skip_destinations`;
+    commits before returning."""
     with conn.transaction():
         # Two statements: the claim's snapshot must be taken after the capped
         # destinations' locks (see lock_capped_destinations.sql).
         capped = [row[0] for row in _run(
             conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
         ).fetchall()]
-        params = claim_params(worker, limit, lease_ms, first_attempt_reserve, capped)
+        params = claim_params(
+            worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations
+        )
         rows = _run(conn, queries.CLAIM_BATCH, params).fetchall()
     return [Claim(*row) for row in rows]
 

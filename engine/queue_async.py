@@ -23,16 +23,20 @@ from engine.queue import (
 
 
 async def claim_batch(
-    conn: AsyncConnection, worker: str, limit: int, lease_ms: int, first_attempt_reserve: int = 0
+    conn: AsyncConnection, worker: str, limit: int, lease_ms: int, first_attempt_reserve: int = 0,
+    skip_destinations: Sequence[int] = (),
 ) -> list[Claim]:
-    """Claim up to `limit` due deliveries for `worker`; commits before returning."""
+    """Claim up to `limit` due deliveries for `worker`, none of `skip_destinations`;
+    commits before returning."""
     async with conn.transaction():
         # Two statements, as in queue.claim_batch: the capped destinations' locks first.
         cursor = await _run_async(
             conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
         )
         capped = [row[0] for row in await cursor.fetchall()]
-        params = claim_params(worker, limit, lease_ms, first_attempt_reserve, capped)
+        params = claim_params(
+            worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations
+        )
         rows = await (await _run_async(conn, queries.CLAIM_BATCH, params)).fetchall()
     return [Claim(*row) for row in rows]
 

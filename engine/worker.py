@@ -50,6 +50,14 @@ SWEEP_INTERVAL_S = 1.0
 # A claim waiting for its destination's max_in_flight must still be sent within its
 # lease: it is released once less than its timeout plus this margin is left.
 LEASE_SAFETY_MS = 10_000
+# A destination whose requests pile up unanswered (a dead endpoint hangs every request for
+# its whole timeout) is left out of this process's claims once it holds SLOW_SHARE of the
+# slots while more than CROWDED of them are taken: it cannot take the slots of healthy
+# destinations before its breaker opens (which needs failures, which take a timeout to
+# come). With slots to spare, a slow destination gets as many as it needs.
+SLOW_SHARE = 1 / 8
+SLOW_REQUEST_S = 0.5
+CROWDED = 1 / 2
 EXHAUSTED = "attempts exhausted"
 
 
@@ -65,12 +73,19 @@ def _utcnow() -> dt.datetime:
 class _DestinationSlots:
     """Local per-destination concurrency: requests running and claims waiting for a slot."""
 
-    __slots__ = ("active", "cap", "waiting")
+    __slots__ = ("active", "cap", "started", "waiting")
 
     def __init__(self) -> None:
         self.active = 0
         self.cap: int | None = None
         self.waiting: deque[tuple[Claim, float]] = deque()
+        self.started: dict[int, float] = {}  # delivery id -> when its request began
+
+    def piling_up(self, share: int, now: float) -> bool:
+        """Holding `share` slots or more, with a request unanswered for SLOW_REQUEST_S:
+        a dead or very slow endpoint. A fast one never qualifies, however busy."""
+        return (len(self.started) >= share
+                and now - min(self.started.values()) > SLOW_REQUEST_S)
 
 
 class DeliveryWorker:
@@ -95,6 +110,7 @@ class DeliveryWorker:
         self.closing = False
         self.sending: set[asyncio.Future[HttpResult]] = set()
         self.metrics = instruments()
+        self.slow_share = max(1, int(self.capacity * SLOW_SHARE))
 
     # Lifecycle
 
@@ -196,9 +212,13 @@ class DeliveryWorker:
                 continue
             reserve = int(settings.first_attempt_share * limit)
             started = time.perf_counter()
+            now = time.monotonic()
+            piling_up = [] if self.held < self.capacity * CROWDED else [
+                destination for destination, slots in self.destinations.items()
+                if slots.piling_up(self.slow_share, now)]
             try:
                 claims = await queue_async.claim_batch(
-                    self.claim_conn, self.worker, limit, settings.lease_ms, reserve
+                    self.claim_conn, self.worker, limit, settings.lease_ms, reserve, piling_up
                 )
             except psycopg.OperationalError as exc:
                 log_event("worker_claim_failed", worker=self.worker, error=str(exc))
@@ -288,12 +308,14 @@ class DeliveryWorker:
                 self.http.post_checked(claim.url, headers, body, timeout_ms, False)
             )
         self.sending.add(future)
+        slots.started[claim.id] = time.monotonic()
         future.add_done_callback(partial(self._on_response, claim, slots))
 
     def _on_response(
         self, claim: Claim, slots: _DestinationSlots, future: asyncio.Future[HttpResult]
     ) -> None:
         self.sending.discard(future)
+        slots.started.pop(claim.id, None)
         if future.cancelled():
             # The drain deadline passed with this request unanswered.
             result = Result(claim.id, claim.attempt, "released", _utcnow())

@@ -215,3 +215,16 @@ def test_healthy_results_take_no_destination_lock(dsn: str, conn: psycopg.Connec
             record(conn, claims[3:], "retry")  # a failure does change the breaker row
         holder.rollback()
     assert record(conn, claims[3:], "retry") == 3
+
+
+def test_claim_leaves_out_destinations_a_worker_skips(conn: psycopg.Connection) -> None:
+    """A worker whose requests to one endpoint pile up unanswered asks for none of its
+    deliveries; everyone else's still come, in the same claim."""
+    slow = add_destination(conn)
+    capped_slow = add_destination(conn, max_in_flight=5)
+    healthy = add_destination(conn)
+    for destination in (slow, capped_slow, healthy):
+        enqueue(conn, destination, 3)
+    got = queue.claim_batch(conn, "w", 100, LEASE_MS, skip_destinations=[slow, capped_slow])
+    assert {c.destination_id for c in got} == {healthy} and len(got) == 3
+    assert len(queue.claim_batch(conn, "w", 100, LEASE_MS)) == 6

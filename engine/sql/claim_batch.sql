@@ -2,6 +2,9 @@
 -- everything a worker needs to send them, in one round trip.
 --   $1 worker_id text, $2 limit int, $3 first_attempt_reserve int, $4 lease_ms int,
 --   $5 capped destination ids bigint[]: those lock_capped_destinations.sql just locked
+--   $6 destination ids bigint[] this worker wants none of now: its requests to them are
+--      piling up unanswered (a dead or very slow endpoint), so more of their deliveries
+--      would only take the slots of healthy destinations. The scans walk past their rows.
 --
 -- FOR UPDATE OF d SKIP LOCKED: lock only delivery rows. Without OF, the destination row
 -- would be locked too, and every other claimer would skip all of that destination's
@@ -80,6 +83,7 @@ WITH probed_destinations AS (
                        WHERE f.destination_id = dest.id AND f.status = 'in_flight')))
               FOR UPDATE OF d SKIP LOCKED) c
      WHERE dest.id = ANY ($5::bigint[])
+       AND dest.id <> ALL ($6::bigint[])
        AND dest.max_in_flight IS NOT NULL
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
@@ -93,6 +97,7 @@ WITH probed_destinations AS (
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
        AND dest.max_in_flight IS NULL
+       AND d.destination_id <> ALL ($6::bigint[])
        AND (d.ordering_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM deliveries e
               WHERE e.destination_id = d.destination_id
@@ -111,6 +116,7 @@ WITH probed_destinations AS (
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
        AND dest.max_in_flight IS NULL
+       AND d.destination_id <> ALL ($6::bigint[])
        AND (d.ordering_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM deliveries e
               WHERE e.destination_id = d.destination_id
