@@ -346,8 +346,9 @@ class DeliveryWorker:
         started = dt.datetime.fromtimestamp(response.started_at, dt.UTC)
         duration = int(response.duration_ms)
         status = response.status_code
+        # PostgreSQL text cannot hold NUL: a body with one would fail the whole batch.
         body = (
-            response.body[:STORED_BODY_BYTES].decode("utf-8", "replace")
+            response.body[:STORED_BODY_BYTES].decode("utf-8", "replace").replace("\x00", "\ufffd")
             if response.body else None
         )
         if response.ok:

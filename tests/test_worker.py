@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import datetime as dt
 import signal
+import time
 from pathlib import Path
 
+import msgspec
 import psutil
 import psycopg
 import pytest
 from standardwebhooks import Webhook
 
 from engine import queue
-from engine.queue import EventIn
+from engine.config import load_settings
+from engine.http_client import HttpResult
+from engine.queue import Claim, EventIn, Result
 from engine.signing import generate_secret
+from engine.worker import DeliveryWorker
 from tests.enginerun import Engine, wait_until
 from tests.fakedest import FakeDestination
 from tests.test_queue import add_destination
@@ -252,3 +257,31 @@ def test_hanging_requests_hold_no_database_connections(
     assert 0 < len(worker_rows) <= procs * 2, rows  # the pools' bound, whatever is in flight
     assert all(name.startswith("engine") for _, name in rows), rows
     assert all(state != "idle in transaction" for state, _ in rows), rows
+
+
+def test_outcome_mapping_bounds_retry_after_and_stored_bodies() -> None:
+    settings = load_settings(retry_schedule="1s,2s")
+    worker = DeliveryWorker(settings, "postgresql://unused")
+    claim = Claim(1, 7, 1, 1, "http://127.0.0.1/", 1000, [], "{}")
+    started = time.time()
+
+    def outcome(status: int | None, body: bytes = b"", error: str | None = None,
+                retry_after: float | None = None, attempt: int = 1) -> Result:
+        response = HttpResult(status, body, error, 5.0, retry_after, started)
+        return worker._outcome(msgspec.structs.replace(claim, attempt=attempt), response)
+
+    assert outcome(204).outcome == "delivered"
+    stored = outcome(500, b"a\x00b" + b"x" * 10_000)
+    assert stored.outcome == "retry" and stored.error == "HTTP 500"
+    assert stored.body is not None and "\x00" not in stored.body and len(stored.body) <= 4096
+    assert outcome(410).outcome == "gone"
+    assert outcome(None, error="timeout").error == "timeout"
+    assert outcome(500, attempt=3).outcome == "dead"  # 1 + two retries
+    now = dt.datetime.now(dt.UTC)
+    honoured = outcome(429, retry_after=120).next_attempt_at
+    bounded = outcome(503, retry_after=10**9).next_attempt_at
+    ignored = outcome(500, retry_after=120).next_attempt_at  # only 429/503 carry it
+    assert honoured is not None and bounded is not None and ignored is not None
+    assert dt.timedelta(seconds=119) < honoured - now < dt.timedelta(seconds=125)
+    assert dt.timedelta(minutes=59) < bounded - now <= dt.timedelta(hours=1, seconds=5)
+    assert ignored - now < dt.timedelta(seconds=5)
