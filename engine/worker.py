@@ -98,9 +98,10 @@ class DeliveryWorker:
             settings.breaker_max_pause_ms,
         )
         self.capacity = settings.max_in_flight
-        # Claim when a quarter of the slots are free: big enough batches for the
-        # database, small enough that the pipeline never runs dry.
-        self.claim_threshold = max(1, min(self.capacity, CLAIM_CAP) // 4)
+        # Claim when an eighth of the slots are free: batches big enough for the database,
+        # while a slow destination still sees nearly every slot in flight. (With a fast
+        # destination, slots free up faster than a claim takes, so claims are big anyway.)
+        self.claim_threshold = max(1, min(self.capacity, CLAIM_CAP) // 8)
         self.held = 0  # claims between claim and result: being sent or waiting for a slot
         self.destinations: dict[int, _DestinationSlots] = {}
         self.results: list[Result] = []
