@@ -65,9 +65,9 @@ class Claim(msgspec.Struct, frozen=True):
 OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
 
 
-@dataclass(frozen=True)
-class Result:
-    """The outcome of one attempt. `next_attempt_at` is set for 'retry' and 'gone'."""
+class Result(msgspec.Struct, frozen=True):
+    """The outcome of one attempt. `next_attempt_at` is set for 'retry' and 'gone'.
+    A Struct, not a dataclass: a worker makes one per delivery (several times cheaper)."""
 
     id: int
     attempt: int
