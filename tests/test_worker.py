@@ -285,3 +285,11 @@ def test_outcome_mapping_bounds_retry_after_and_stored_bodies() -> None:
     assert dt.timedelta(seconds=119) < honoured - now < dt.timedelta(seconds=125)
     assert dt.timedelta(minutes=59) < bounded - now <= dt.timedelta(hours=1, seconds=5)
     assert ignored - now < dt.timedelta(seconds=5)
+
+
+def test_a_lease_shorter_than_the_longest_request_is_refused(tmp_path: Path) -> None:
+    run = Engine("postgresql://127.0.0.1:1/unused", tmp_path, "--lease", "20s",
+                 "--max-timeout", "10s")
+    with run:
+        assert run.wait(30) == 2
+    assert "lease" in run.log_path.read_text()
