@@ -267,8 +267,10 @@ def run_wrk(base_url: str, *, mode: str, connections: int, seconds: int,
         "tool": "wrk", "mode": mode, "connections": connections, "seconds": seconds,
         "requests": requests, "failures": failures, "requests_per_s": requests_per_s,
         "events_per_s": requests_per_s * per_request,
-        "p50_ms": _wrk_ms(percentiles["50"]), "p99_ms": _wrk_ms(percentiles["99"]),
+        "p50_ms": _wrk_ms(percentiles["50"]) if "50" in percentiles else None,
+        "p99_ms": _wrk_ms(percentiles["99"]) if "99" in percentiles else None,
         "load_before": before, "load_after": load(),
+        **({} if "99" in percentiles else {"output": out[-2000:]}),
     }
 
 
