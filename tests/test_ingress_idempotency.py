@@ -102,7 +102,7 @@ def test_crash_between_commit_and_answer_then_retry_gives_one_event(
     assert event_count(conn) == 1
 
 
-@pytest.mark.parametrize("key", ["", "x" * 257])
+@pytest.mark.parametrize("key", ["", "x" * 257], ids=["empty", "too-long"])
 def test_bad_idempotency_keys_are_refused(dsn: str, conn: psycopg.Connection, key: str) -> None:
     with IngressProcess(dsn) as server:
         answer = server.request("POST", "/v1/events", EVENT, headers={"Idempotency-Key": key})
