@@ -106,6 +106,7 @@ class IngressProcess:
     def request(
         self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
         headers: dict[str, str] | None = None, auth: bool = True, timeout: float = 30.0,
+        chunked: bool = False,
     ) -> Answer:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
@@ -117,7 +118,13 @@ class IngressProcess:
             )
             if data is not None:
                 sent_headers.setdefault("Content-Type", "application/json")
-            conn.request(method, path, body=data, headers=sent_headers)
+            if chunked and data is not None:
+                # No Content-Length: the server only learns the size by reading.
+                chunks = (data[i : i + 16384] for i in range(0, len(data), 16384))
+                conn.request(method, path, body=chunks, headers=sent_headers,
+                             encode_chunked=True)
+            else:
+                conn.request(method, path, body=data, headers=sent_headers)
             response = conn.getresponse()
             return Answer(
                 response.status, response.read(),

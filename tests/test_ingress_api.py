@@ -311,9 +311,11 @@ def test_body_over_the_limit_is_413(api: IngressProcess, db: psycopg.Connection)
     make_destination(api)
     big = b'{"type": "t", "payload": "' + b"x" * (256 * 1024) + b'"}'
     assert_error(api.request("POST", "/v1/events", raw=big), 413)
+    assert_error(api.request("POST", "/v1/events", raw=big, chunked=True), 413)
     just_fits = b'{"type": "t", "payload": "' + b"x" * (256 * 1024 - 40) + b'"}'
     assert api.request("POST", "/v1/events", raw=just_fits).status == 202
-    assert count(db, "events") == 1
+    assert api.request("POST", "/v1/events", raw=just_fits, chunked=True).status == 202
+    assert count(db, "events") == 2
 
 
 def test_idempotency_key(api: IngressProcess, db: psycopg.Connection) -> None:
