@@ -2,11 +2,10 @@
 the batch endpoint's events/s, each compared with pgbench single-row 1 KB INSERTs with the
 same durability on the same PostgreSQL server.
 
-  python -m bench.ingress [--dsn URL] [--duration 20] [--procs 2] [--ingress-procs 1]
+  python bench/ingress.py [--dsn URL] [--duration 20] [--procs 2] [--ingress-procs 1]
 
 Without --dsn it starts a durable (fsync on) embedded PostgreSQL in a temporary folder.
-The engine runs as `engine --procs N` when the supervisor has an ingress role, else as one
-standalone ingress process (the report says which, and whether workers delivered).
+The engine runs as `engine --procs N` (workers deliver while ingress is measured).
 Destinations are fake servers (bench/fakedest.mjs); each event fans out to 2 of them.
 Load comes from locust (bench/locustfile.py) in its own process. Writes
 bench/reports/ingress-<time>.json and prints it. Load on this shared machine is noted
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as dt
 import json
 import os
 import platform
@@ -35,13 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from engine.embedded import ensure_server
-from engine.migrate import migrate
+# Run from a checkout without installing the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.benchdb import fresh_database, server, settings, write_report
+from tests.fakedest import FakeDestination
 
 ROOT = Path(__file__).resolve().parents[1]
-REPORTS = ROOT / "bench" / "reports"
 LOCUSTFILE = ROOT / "bench" / "locustfile.py"
 WRK_SCRIPT = ROOT / "bench" / "ingress_wrk.lua"
 PGBENCH_CLIENTS = 8
@@ -65,48 +64,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def with_database(dsn: str, name: str) -> str:
-    params = conninfo_to_dict(dsn)
-    params["dbname"] = name
-    return make_conninfo(**params)
-
-
-@contextmanager
-def database(given: str | None) -> Iterator[tuple[str, str]]:
-    """(admin dsn, fresh migrated bench database dsn)."""
-    folder = None
-    server = None
-    if given:
-        admin = given
-    else:
-        folder = Path(tempfile.mkdtemp(prefix="engine-bench-pg-"))
-        server = ensure_server(folder / "data", durable=True)
-        admin = server.dsn
-    name = f"bench_ingress_{os.getpid()}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = with_database(admin, name)
-    migrate(dsn)
-    try:
-        yield admin, dsn
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if server is not None:
-            server.stop()
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def durability(dsn: str) -> dict[str, str]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return {
-            name: str(conn.execute(f"SHOW {name}").fetchone()[0])  # type: ignore[index]
-            for name in ("fsync", "synchronous_commit", "wal_sync_method", "server_version")
-        }
 
 
 def pgbench_bin() -> str:
@@ -146,30 +103,17 @@ def run_pgbench(dsn: str, seconds: int) -> dict[str, Any]:
     }
 
 
-def supervisor_has_ingress() -> bool:
-    try:
-        from engine import supervisor
-    except ImportError:
-        return False
-    return any(getattr(role, "name", "") == "ingress" for role in supervisor.ROLES)
-
-
 @contextmanager
 def engine(dsn: str, port: int, procs: int, ingress_procs: int) -> Iterator[dict[str, Any]]:
-    env = {**os.environ, "ENGINE_API_TOKEN": ""}
-    env.pop("ENGINE_API_TOKEN")
-    if supervisor_has_ingress():
-        argv = [sys.executable, "-m", "engine.cli", "--dsn", dsn, "--procs", str(procs),
-                "--ingress-procs", str(ingress_procs), "--bind", f"127.0.0.1:{port}",
-                "--allow-private-targets"]
-        how = {"mode": "engine", "procs": procs, "ingress_procs": ingress_procs,
-               "workers_delivering": True}
-    else:
-        argv = [sys.executable, "-m", "engine.ingress.server", "--dsn", dsn,
-                "--bind", f"127.0.0.1:{port}", "--allow-private-targets"]
-        how = {"mode": "standalone ingress (no supervisor with an ingress role yet)",
-               "procs": 0, "ingress_procs": 1, "workers_delivering": False}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    """`engine --procs N`: workers deliver while ingress is measured."""
+    env = {k: v for k, v in os.environ.items() if k != "ENGINE_API_TOKEN"}
+    argv = [sys.executable, "-m", "engine.cli", "--dsn", dsn, "--procs", str(procs),
+            "--ingress-procs", str(ingress_procs), "--bind", f"127.0.0.1:{port}",
+            "--allow-private-targets"]
+    how = {"command": " ".join(argv[1:2] + argv[4:]), "procs": procs,
+           "ingress_procs": ingress_procs}
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -283,18 +227,16 @@ def main() -> int:
     parser.add_argument("--ceiling-users", type=int, default=64)
     parser.add_argument("--batch-users", type=int, default=4)
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
-    from tests.fakedest import FakeDestination
-
     report: dict[str, Any] = {
         "bench": "ingress",
-        "started_at": dt.datetime.now(dt.UTC).isoformat(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
         "uptime_at_start": uptime(),
     }
-    with database(args.dsn) as (_admin, dsn), FakeDestination() as fake:
-        report["postgres"] = durability(dsn)
+    with server(args.dsn) as admin, fresh_database(admin, "bench_ingress") as dsn, \
+            FakeDestination() as fake:
+        with psycopg.connect(dsn) as conn:
+            report["postgres"] = settings(conn)
         report["pgbench"] = run_pgbench(dsn, args.duration)
         print("pgbench:", report["pgbench"], flush=True)
         port = free_port()
@@ -345,11 +287,16 @@ def main() -> int:
         },
     }
     report["uptime_at_end"] = uptime()
-    REPORTS.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = REPORTS / f"ingress-{stamp}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["results"], indent=2))
+    results = report["results"]
+    markdown = (
+        f"ingress: p99 {results['latency_p99_ms_at_1000_events_per_s']} ms at"
+        f" {results['latency_achieved_events_per_s']:.0f} events/s;"
+        f" single {results['single_ceiling_events_per_s']:.0f}/s"
+        f" ({results['single_vs_pgbench']:.2f}x pgbench {pgbench_tps:.0f} TPS);"
+        f" batch {results['batch_events_per_s']:.0f}/s ({results['batch_vs_pgbench']:.2f}x);"
+        f" load {report['uptime_at_end'].split('load average: ')[-1]}"
+    )
+    path = write_report("ingress", report, markdown)
     print(f"report: {path}")
     return 0
 
