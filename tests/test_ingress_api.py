@@ -68,7 +68,9 @@ def assert_error(answer: Answer, status: int, mentions: str = "") -> None:
 
 
 def test_token_is_required_except_on_healthz(api: IngressProcess) -> None:
-    assert_error(api.request("GET", "/v1/destinations", auth=False), 401)
+    refused = api.request("GET", "/v1/destinations", auth=False)
+    assert_error(refused, 401)
+    assert refused.headers["www-authenticate"] == "Bearer"
     wrong = {"Authorization": "Bearer nope"}
     assert_error(api.request("GET", "/v1/destinations", headers=wrong), 401)
     assert_error(api.request("GET", "/metrics", auth=False), 401)

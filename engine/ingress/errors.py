@@ -28,7 +28,10 @@ def bad_json(message: str) -> ApiError:
 
 
 def unauthorized() -> ApiError:
-    return ApiError(401, "unauthorized", "a valid bearer token is required")
+    return ApiError(
+        401, "unauthorized", "a valid bearer token is required",
+        [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+    )
 
 
 def not_found(what: str = "resource") -> ApiError:
