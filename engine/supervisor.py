@@ -17,6 +17,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -38,6 +39,7 @@ MAX_RESTART_DELAY_S = 30.0
 # Children get drain_deadline_s to finish, plus this long to record what they did.
 DRAIN_GRACE_S = 5.0
 LOOP_TICK_S = 0.5
+ORPHAN_CHECK_S = 1.0
 LISTEN_BACKLOG = 1024
 
 
@@ -291,6 +293,10 @@ class Supervisor:
                 os.close(fd)
             if self.listen_socket is not None and context.listen_socket is None:
                 self.listen_socket.close()
+            threading.Thread(
+                target=_drain_when_orphaned, args=(os.getppid(),), daemon=True,
+                name="orphan-watch",
+            ).start()
             code = role.target(context)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
@@ -300,6 +306,15 @@ class Supervisor:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+
+
+def _drain_when_orphaned(parent: int) -> None:
+    """In a child: a supervisor killed with SIGKILL cannot stop its children, so each
+    drains by itself (SIGTERM to itself) once its parent is gone."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_CHECK_S)
+    log_event("supervisor_gone", parent=parent)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def run_supervisor(settings: Settings) -> int:

@@ -293,3 +293,23 @@ def test_a_lease_shorter_than_the_longest_request_is_refused(tmp_path: Path) -> 
     with run:
         assert run.wait(30) == 2
     assert "lease" in run.log_path.read_text()
+
+
+def test_children_drain_by_themselves_when_the_supervisor_is_killed(
+    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path
+) -> None:
+    with FakeDestination() as fake:
+        slow = add_destination(conn, url=fake.url("slow/1000/o"))
+        enqueue(conn, ["{}"] * 50, [slow])
+        with engine(dsn, tmp_path, config, "--procs", "1", "--drain-deadline", "5") as run:
+            wait_until(lambda: fake.name_stats("o").get("in_flight", 0) > 0, 20, "in flight")
+            children = psutil.Process(run.pid).children()
+            assert children
+            psutil.Process(run.pid).kill()
+            run.wait(5)
+            _, alive = psutil.wait_procs(children, timeout=15)
+            for child in alive:  # the test failed: do not leave them behind
+                child.kill()
+            assert not alive, alive
+    assert count(conn, "SELECT count(*) FROM deliveries WHERE status = 'in_flight'") == 0
+    assert finished(conn, slow) + count(conn, "SELECT count(*) FROM deliveries") == 50
