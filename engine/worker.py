@@ -13,6 +13,7 @@ Two database connections per process: `claim_conn` claims and LISTENs for new wo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import math
 import signal
@@ -59,6 +60,10 @@ SLOW_SHARE = 1 / 8
 SLOW_REQUEST_S = 0.5
 CROWDED = 1 / 2
 EXHAUSTED = "attempts exhausted"
+
+
+class DatabaseGone(Exception):
+    """The drain deadline passed while the database could not be reached."""
 
 
 def message_id(event_id: int) -> str:
@@ -108,6 +113,7 @@ class DeliveryWorker:
         self.flushing = 0
         self.retry_due = math.inf  # monotonic time the earliest retry we recorded is due
         self.stopping = False
+        self.drain_deadline = math.inf
         self.closing = False
         self.sending: set[asyncio.Future[HttpResult]] = set()
         self.metrics = instruments()
@@ -140,6 +146,7 @@ class DeliveryWorker:
         if self.stopping:
             return
         self.stopping = True
+        self.drain_deadline = time.monotonic() + self.settings.drain_deadline_s
         log_event("worker_drain_begun", worker=self.worker, in_flight=self.held)
         self.room.set()
         self.stop_requested.set()
@@ -148,8 +155,10 @@ class DeliveryWorker:
         self, claimer: asyncio.Task[None], flusher: asyncio.Task[None],
         sweeper: asyncio.Task[None],
     ) -> None:
-        deadline = time.monotonic() + self.settings.drain_deadline_s
-        await claimer
+        deadline = self.drain_deadline
+        # A claimer that gave up on the database has nothing more to hand over.
+        with contextlib.suppress(DatabaseGone):
+            await claimer
         sweeper.cancel()
         unsent = 0
         for slots in self.destinations.values():
@@ -165,7 +174,12 @@ class DeliveryWorker:
         await asyncio.gather(*unfinished, return_exceptions=True)
         self.closing = True
         self.flush_wanted.set()
-        await flusher
+        try:
+            await flusher
+        except DatabaseGone:
+            log_event("worker_drain_abandoned", worker=self.worker, unrecorded=len(self.results),
+                      reason="database unreachable until the drain deadline; the claims "
+                             "return to pending when their lease runs out")
         await self.http.close()
         await self.claim_conn.close()
         await self.flush_conn.close()
@@ -173,6 +187,10 @@ class DeliveryWorker:
             "worker_drained", worker=self.worker, released_unsent=unsent,
             released_unfinished=len(unfinished),
         )
+
+    def _give_up_after_drain_deadline(self) -> None:
+        if self.stopping and time.monotonic() > self.drain_deadline:
+            raise DatabaseGone
 
     async def _connect(self, *, listen: bool) -> psycopg.AsyncConnection:
         while True:
@@ -187,6 +205,7 @@ class DeliveryWorker:
                 return conn
             except psycopg.OperationalError as exc:
                 log_event("worker_db_unavailable", worker=self.worker, error=str(exc))
+                self._give_up_after_drain_deadline()
                 await asyncio.sleep(RECONNECT_DELAY_S)
 
     # Claiming
@@ -458,6 +477,7 @@ class DeliveryWorker:
                 return
             except psycopg.OperationalError as exc:
                 log_event("worker_record_failed", worker=self.worker, error=str(exc))
+                self._give_up_after_drain_deadline()
                 await self.flush_conn.close()
                 await asyncio.sleep(RECONNECT_DELAY_S)
                 self.flush_conn = await self._connect(listen=False)
