@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -27,17 +28,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 
 # Run from a checkout without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.benchdb import fresh_database, server, settings, write_report
+from bench.drain import postmaster_pid
 from tests.fakedest import FakeDestination
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +127,7 @@ def engine(dsn: str, port: int, procs: int, ingress_procs: int) -> Iterator[dict
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("the engine did not start") from None
                 time.sleep(0.2)
-        yield how
+        yield {**how, "pid": proc.pid}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -218,6 +221,94 @@ def run_wrk(base_url: str, *, mode: str, connections: int, seconds: int,
     }
 
 
+def tree_cpu_total(pid: int) -> float:
+    """CPU seconds of a process, its live children and the children it has reaped: a
+    PostgreSQL backend that ended during a phase (pgbench's) still counts."""
+    root = psutil.Process(pid)
+    times = root.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in root.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue  # ended between the listing and now: in children_* next time
+        total += child_times.user + child_times.system
+    return total
+
+
+def own_cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def ingress_pids(engine_pid: int, port: int) -> list[int]:
+    """The engine's ingress children: the ones holding the listening socket."""
+    found = []
+    for child in psutil.Process(engine_pid).children():
+        try:
+            listening = child.net_connections("tcp")
+        except psutil.NoSuchProcess:
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in listening):
+            found.append(child.pid)
+    return found
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def wait_drained(dsn: str, timeout_s: float = 120.0) -> float:
+    """Seconds until the workers have delivered everything accepted (the queue is empty)."""
+    started = time.monotonic()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() - started < timeout_s:
+            row = conn.execute("SELECT EXISTS (SELECT 1 FROM deliveries)").fetchone()
+            if row is not None and not row[0]:
+                break
+            time.sleep(0.2)
+    return round(time.monotonic() - started, 2)
+
+
+def measured(
+    servers: dict[str, int], run: Callable[[], dict[str, Any] | None], ops_key: str,
+    dsn: str | None = None, ingress: list[int] | None = None,
+) -> dict[str, Any] | None:
+    """Run a phase and add the CPU seconds it cost each server process tree and the load
+    generator, and the server CPU per operation: unlike throughput, that barely depends
+    on what else the shared machine is doing. With `dsn`, CPU is counted until the workers
+    have delivered all the phase accepted, so each event's delivery is in its phase."""
+    before = {name: tree_cpu_total(pid) for name, pid in servers.items()}
+    ingress_before = own_cpu(ingress or [])
+    client_before = _children_cpu()
+    result = run()
+    if result is None:
+        return None
+    if dsn is not None:
+        result["drain_after_s"] = wait_drained(dsn)
+    cpu = {name: round(tree_cpu_total(pid) - before[name], 3) for name, pid in servers.items()}
+    cpu["load_generator"] = round(_children_cpu() - client_before, 3)
+    ops = result[ops_key] * result["seconds"]
+    if ingress:
+        # Part of the engine's figure: the ingress processes alone.
+        cpu["engine_ingress"] = round(own_cpu(ingress) - ingress_before, 3)
+        result["ingress_cpu_ms_per_op"] = (
+            round(cpu["engine_ingress"] / ops * 1000, 4) if ops else None
+        )
+    result["cpu_s"] = cpu
+    result["server_cpu_ms_per_op"] = (
+        round(sum(cpu[name] for name in servers) / ops * 1000, 4) if ops else None
+    )
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", help="admin DSN of a server to bench on (default: embedded)")
@@ -237,35 +328,40 @@ def main() -> int:
             FakeDestination() as fake:
         with psycopg.connect(dsn) as conn:
             report["postgres"] = settings(conn)
-        report["pgbench"] = run_pgbench(dsn, args.duration)
+            postgres = {"postgres": postmaster_pid(conn)}
+        report["pgbench"] = measured(postgres, lambda: run_pgbench(dsn, args.duration), "tps")
         print("pgbench:", report["pgbench"], flush=True)
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         with engine(dsn, port, args.procs, args.ingress_procs) as how:
             report["engine"] = how
+            engine_pid = how.pop("pid")
+            servers = {"engine": engine_pid, **postgres}
+            ingress = ingress_pids(engine_pid, port)
+            report["engine"]["ingress_pids"] = ingress
             for name in ("a", "b"):
                 post_json(f"{base}/v1/destinations", {"url": fake.url(f"fast/{name}")})
             phases = report["phases"] = {}
-            phases["latency_at_1000_per_s"] = run_locust(
+            phases["latency_at_1000_per_s"] = measured(servers, lambda: run_locust(
                 base, mode="single", users=LATENCY_USERS, seconds=args.duration,
                 user_rps=TARGET_RATE / LATENCY_USERS,
-            )
+            ), "events_per_s", dsn, ingress)
             print("latency:", phases["latency_at_1000_per_s"], flush=True)
-            phases["single_ceiling"] = run_locust(
+            phases["single_ceiling"] = measured(servers, lambda: run_locust(
                 base, mode="single", users=args.ceiling_users, seconds=args.duration
-            )
+            ), "events_per_s", dsn, ingress)
             print("ceiling:", phases["single_ceiling"], flush=True)
-            phases["batch"] = run_locust(
+            phases["batch"] = measured(servers, lambda: run_locust(
                 base, mode="batch", users=args.batch_users, seconds=args.duration
-            )
+            ), "events_per_s", dsn, ingress)
             print("batch:", phases["batch"], flush=True)
-            phases["single_ceiling_wrk"] = run_wrk(
+            phases["single_ceiling_wrk"] = measured(servers, lambda: run_wrk(
                 base, mode="single", connections=args.ceiling_users, seconds=args.duration
-            )
+            ), "events_per_s", dsn, ingress)
             print("ceiling (wrk):", phases["single_ceiling_wrk"], flush=True)
-            phases["batch_wrk"] = run_wrk(
+            phases["batch_wrk"] = measured(servers, lambda: run_wrk(
                 base, mode="batch", connections=args.batch_users, seconds=args.duration
-            )
+            ), "events_per_s", dsn, ingress)
             print("batch (wrk):", phases["batch_wrk"], flush=True)
             report["fakedest"] = {
                 name: {k: v for k, v in fake.name_stats(name).items() if not isinstance(v, list)}
@@ -281,6 +377,23 @@ def main() -> int:
         "batch_events_per_s": phases["batch"]["events_per_s"],
         "batch_vs_pgbench": phases["batch"]["events_per_s"] / pgbench_tps,
         "targets": {"p99_ms": 10, "single_vs_pgbench": 0.5, "batch_vs_pgbench": 2.0},
+        # What the ratios would be if each side had the machine's CPU to itself: pgbench's
+        # server CPU per transaction over the engine's server CPU per accepted event (the
+        # engine's includes delivering it to both destinations).
+        "cpu_bound_estimate": {
+            name: report["pgbench"]["server_cpu_ms_per_op"]
+            / phases[name]["server_cpu_ms_per_op"]
+            for name in ("single_ceiling", "batch", "single_ceiling_wrk", "batch_wrk")
+            if phases.get(name) and phases[name]["server_cpu_ms_per_op"]
+        },
+        # Ingress alone (its processes' CPU per event) against pgbench's server CPU per
+        # transaction: the delivery work of the workers left out.
+        "ingress_cpu_ms_per_event": {
+            name: phases[name].get("ingress_cpu_ms_per_op")
+            for name in ("single_ceiling", "batch", "single_ceiling_wrk", "batch_wrk")
+            if phases.get(name)
+        },
+        "pgbench_server_cpu_ms_per_txn": report["pgbench"]["server_cpu_ms_per_op"],
         "cross_check_wrk": {
             name: phases[name]["events_per_s"] / pgbench_tps
             for name in ("single_ceiling_wrk", "batch_wrk") if phases.get(name)
