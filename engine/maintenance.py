@@ -4,7 +4,9 @@ Every host may run one; the holder of the leader lock (engine/leader.py) does th
 the others poll to take over. Jobs, each in bounded batches of short transactions:
 - reaper: claims whose lease ran out (a lost host) go back to pending;
 - retention: finished deliveries, their attempts and then unreferenced events older than
-  `retention_days` are deleted.
+  `retention_days` are deleted;
+- breaker_defer: due deliveries of destinations whose breaker is open move to the end of
+  the pause, out of the claim's way (engine/sql/breaker_defer.sql).
 Each job run that did something logs one JSON line to stderr; so do leadership changes.
 """
 
@@ -21,13 +23,17 @@ from typing import Any
 import msgspec
 import psycopg
 
-from engine import queue
+from engine import queries, queue
 from engine.config import Settings
 from engine.leader import Leadership
+from engine.queue import _run
 from engine.retention import run_retention
 
 TICK_S = 1.0
 REAPER_INTERVAL_S = 5.0
+BREAKER_DEFER_INTERVAL_S = 2.0
+BREAKER_DEFER_BATCH = 1000
+BREAKER_DEFER_BUDGET_S = 5.0
 RETENTION_INTERVAL_S = 300.0
 RETENTION_BUDGET_S = 20.0
 
@@ -60,8 +66,29 @@ def _jobs(settings: Settings, leadership: Leadership) -> list[Job]:
         )
         return asdict(report) | {"retention_days": settings.retention_days}
 
+    def breaker_defer(conn: psycopg.Connection) -> dict[str, Any]:
+        return {"deferred": defer_open_breakers(conn, keep_going=leadership.heartbeat)}
+
     return [Job("reaper", REAPER_INTERVAL_S, reaper),
+            Job("breaker_defer", BREAKER_DEFER_INTERVAL_S, breaker_defer),
             Job("retention", RETENTION_INTERVAL_S, retention)]
+
+
+def defer_open_breakers(
+    conn: psycopg.Connection, batch: int = BREAKER_DEFER_BATCH,
+    budget_s: float = BREAKER_DEFER_BUDGET_S, keep_going: Callable[[], bool] = lambda: True,
+) -> int:
+    """Move due deliveries of open-breaker destinations to the end of their pause, a
+    batch per short transaction, for at most `budget_s`."""
+    total = 0
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline and keep_going():
+        with conn.transaction():
+            moved = _run(conn, queries.BREAKER_DEFER, (batch,)).rowcount
+        total += moved
+        if moved < batch:
+            break
+    return total
 
 
 def _did_something(outcome: dict[str, Any]) -> bool:

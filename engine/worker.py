@@ -53,12 +53,13 @@ SWEEP_INTERVAL_S = 1.0
 LEASE_SAFETY_MS = 10_000
 # A destination whose requests pile up unanswered (a dead endpoint hangs every request for
 # its whole timeout) is left out of this process's claims once it holds SLOW_SHARE of the
-# slots while more than CROWDED of them are taken: it cannot take the slots of healthy
-# destinations before its breaker opens (which needs failures, which take a timeout to
-# come). With slots to spare, a slow destination gets as many as it needs.
+# slots: it cannot take the slots of healthy destinations before its breaker opens (which
+# needs failures, which take a timeout to come). When a claim that left such destinations
+# out comes back empty, nobody else is waiting, and the next claim takes them as well: a
+# slow destination alone still gets every slot it needs. (Empty, not merely short: under
+# a steady healthy load most claims are short, and a dead endpoint would get in again.)
 SLOW_SHARE = 1 / 8
 SLOW_REQUEST_S = 0.5
-CROWDED = 1 / 2
 EXHAUSTED = "attempts exhausted"
 
 
@@ -86,11 +87,17 @@ class _DestinationSlots:
         self.waiting: deque[tuple[Claim, float]] = deque()
         self.started: dict[int, float] = {}  # delivery id -> when its request began
 
-    def piling_up(self, share: int, now: float) -> bool:
-        """Holding `share` slots or more, with a request unanswered for SLOW_REQUEST_S:
-        a dead or very slow endpoint. A fast one never qualifies, however busy."""
-        return (len(self.started) >= share
-                and now - min(self.started.values()) > SLOW_REQUEST_S)
+    def piling_up(self, share: int, now: float, answered_at: float | None) -> bool:
+        """Holding `share` slots or more while silent (never answered this process, or
+        not for SLOW_REQUEST_S), or with a request unanswered that long: a dead or very
+        slow endpoint. A fast one never qualifies, however busy. A destination that never
+        answered counts as silent at once: a dead endpoint must not fill the slots during
+        its first SLOW_REQUEST_S, when claims come quickly; a live one answers within
+        milliseconds and is let through from then on."""
+        if len(self.started) < share:
+            return False
+        silent = answered_at is None or now - answered_at > SLOW_REQUEST_S
+        return silent or now - min(self.started.values()) > SLOW_REQUEST_S
 
 
 class DeliveryWorker:
@@ -118,6 +125,8 @@ class DeliveryWorker:
         self.sending: set[asyncio.Future[HttpResult]] = set()
         self.metrics = instruments()
         self.slow_share = max(1, int(self.capacity * SLOW_SHARE))
+        self.leave_out_slow = True  # False right after a claim that left them out was empty
+        self.answered_at: dict[int, float] = {}  # destination id -> its last answer (or error)
 
     # Lifecycle
 
@@ -233,9 +242,9 @@ class DeliveryWorker:
             reserve = int(settings.first_attempt_share * limit)
             started = time.perf_counter()
             now = time.monotonic()
-            piling_up = [] if self.held < self.capacity * CROWDED else [
+            piling_up = [] if not self.leave_out_slow else [
                 destination for destination, slots in self.destinations.items()
-                if slots.piling_up(self.slow_share, now)]
+                if slots.piling_up(self.slow_share, now, self.answered_at.get(destination))]
             try:
                 claims = await queue_async.claim_batch(
                     self.claim_conn, self.worker, limit, settings.lease_ms, reserve, piling_up
@@ -244,6 +253,7 @@ class DeliveryWorker:
                 log_event("worker_claim_failed", worker=self.worker, error=str(exc))
                 await self._reconnect_claim()
                 continue
+            self.leave_out_slow = not piling_up or bool(claims)
             self.metrics.claim_seconds.observe(time.perf_counter() - started)
             self.metrics.claim_batch_size.observe(len(claims))
             maybe_more = len(claims) == limit
@@ -336,6 +346,7 @@ class DeliveryWorker:
     ) -> None:
         self.sending.discard(future)
         slots.started.pop(claim.id, None)
+        self.answered_at[claim.destination_id] = time.monotonic()
         if future.cancelled():
             # The drain deadline passed with this request unanswered.
             result = Result(claim.id, claim.attempt, "released", _utcnow())

@@ -228,3 +228,36 @@ def test_claim_leaves_out_destinations_a_worker_skips(conn: psycopg.Connection) 
     got = queue.claim_batch(conn, "w", 100, LEASE_MS, skip_destinations=[slow, capped_slow])
     assert {c.destination_id for c in got} == {healthy} and len(got) == 3
     assert len(queue.claim_batch(conn, "w", 100, LEASE_MS)) == 6
+
+
+def test_open_breakers_backlog_moves_out_of_the_claims_way(conn: psycopg.Connection) -> None:
+    from engine.maintenance import defer_open_breakers
+
+    dead = add_destination(conn)
+    probing = add_destination(conn)
+    healthy = add_destination(conn)
+    enqueue(conn, dead, 30)
+    enqueue(conn, probing, 3)
+    open_breaker(conn, dead)
+    conn.execute("UPDATE destinations SET paused_until = now() + interval '1 minute'"
+                 " WHERE id = %s", [dead])
+    conn.execute("UPDATE destinations SET breaker = 'half_open', paused_until = now()"
+                 " + interval '1 minute' WHERE id = %s", [probing])
+    enqueue(conn, healthy, 5)
+    assert defer_open_breakers(conn, batch=7) == 30
+    assert one(conn, "SELECT count(*) FROM deliveries d JOIN destinations dest"
+                     " ON dest.id = d.destination_id WHERE d.destination_id = %s"
+                     " AND d.next_attempt_at = dest.paused_until", dead) == 30
+    # Half-open (a probe out): left alone, its deliveries are due the moment it closes.
+    assert one(conn, "SELECT count(*) FROM deliveries WHERE destination_id = %s"
+                     " AND next_attempt_at <= now()", probing) == 3
+    assert defer_open_breakers(conn) == 0
+    assert {c.destination_id for c in queue.claim_batch(conn, "w", 100, LEASE_MS)} == {healthy}
+    # The pause ends exactly when the deferred deliveries fall due: one probe, then the rest.
+    conn.execute("UPDATE deliveries SET next_attempt_at = now() - interval '1 second'"
+                 " WHERE destination_id = %s", [dead])
+    end_pause(conn, dead)
+    probe = claim_for(conn, dead)
+    assert len(probe) == 1
+    record(conn, probe, "delivered")
+    assert len(claim_for(conn, dead)) == 30 - 1

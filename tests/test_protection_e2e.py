@@ -126,5 +126,36 @@ def test_dead_destination_recovers_and_the_other_keeps_pace(
         assert found[("engine_claim_batch_size_sum", ())] == claimed
         assert found[("engine_in_flight", ())] == 0
 
+        # The supervisor's maintenance child led the whole time and let go on the drain.
+        assert len(engine.events("leader_acquired")) == 1
+
+        engine.signal(signal.SIGTERM)
+        assert engine.wait(40) == 0
+        assert len(engine.events("leader_released")) == 1
+
+
+def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
+    dsn: str, conn: psycopg.Connection, tmp_path: Path
+) -> None:
+    """Before the breaker can open (its failures take a whole timeout to come), a worker
+    stops claiming for an endpoint whose requests pile up unanswered, so the healthy
+    backlog drains long before the first of the hanging requests times out."""
+    capacity = 64  # engine/worker.py SLOW_SHARE of it: 8
+    with FakeDestination(extra_args=["--keep", "0"]) as fake, Engine(
+        dsn, tmp_path, "--procs", "1", "--max-in-flight", str(capacity),
+        "--bind", "127.0.0.1:0", "--allow-private-targets",
+    ) as engine:
+        hanging = add_destination(conn, url=fake.url("dead/hanging"), timeout_ms=10_000)
+        healthy = add_destination(conn, url=fake.url("slow/20/healthy"))
+        targets = [hanging if i % 5 == 4 else healthy for i in range(2500)]
+        with conn.transaction():
+            queue.enqueue_events(conn, [EventIn("t", "{}", [t]) for t in targets])
+        wait_until(lambda: fake.name_stats("healthy").get("first_request_ms"), 30, "start")
+        begun = time.monotonic()
+        wait_until(lambda: fake.name_stats("healthy").get("delivered_ids", 0) >= 2000, 9,
+                   "the healthy backlog, within the hanging requests' timeout")
+        assert time.monotonic() - begun < 9
+        peak = fake.name_stats("hanging")["max_concurrent"]
+        assert peak <= capacity // 2, peak
         engine.signal(signal.SIGTERM)
         assert engine.wait(40) == 0
