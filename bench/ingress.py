@@ -265,7 +265,7 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def wait_drained(dsn: str, timeout_s: float = 120.0) -> float:
+def wait_drained(dsn: str, timeout_s: float = 300.0) -> float:
     """Seconds until the workers have delivered everything accepted (the queue is empty)."""
     started = time.monotonic()
     with psycopg.connect(dsn, autocommit=True) as conn:
