@@ -13,19 +13,18 @@ Each job run that did something logs one JSON line to stderr; so do leadership c
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-import msgspec
 import psycopg
 
 from engine import queries, queue
 from engine.config import Settings
 from engine.leader import Leadership
+from engine.oplog import log_event
 from engine.queue import _run
 from engine.retention import run_retention
 
@@ -36,15 +35,6 @@ BREAKER_DEFER_BATCH = 1000
 BREAKER_DEFER_BUDGET_S = 5.0
 RETENTION_INTERVAL_S = 300.0
 RETENTION_BUDGET_S = 20.0
-
-_encoder = msgspec.json.Encoder()
-
-
-def log_event(**fields: Any) -> None:
-    fields = {"ts": round(time.time(), 3), "role": "maintenance", **fields}
-    sys.stderr.write(_encoder.encode(fields).decode() + "\n")
-    sys.stderr.flush()
-
 
 class Job:
     def __init__(self, name: str, interval_s: float,
@@ -112,14 +102,14 @@ def run_maintenance(settings: Settings, dsn: str,
             try:
                 leader = leadership.try_acquire()
             except psycopg.Error as exc:
-                log_event(event="leader_error", error=str(exc))
+                log_event("leader_error", role="maintenance", error=str(exc))
                 leader = False
             if leader and not was_leader:
-                log_event(event="leader_acquired")
+                log_event("leader_acquired", role="maintenance")
                 for job in jobs:
                     job.next_at = 0.0
             elif was_leader and not leader:
-                log_event(event="leader_lost")
+                log_event("leader_lost", role="maintenance")
             if leader:
                 work_conn = _run_due_jobs(jobs, dsn, work_conn, stop)
             stop.wait(TICK_S)
@@ -127,7 +117,7 @@ def run_maintenance(settings: Settings, dsn: str,
         if work_conn is not None:
             work_conn.close()
         if leadership.held:
-            log_event(event="leader_released")
+            log_event("leader_released", role="maintenance")
         leadership.release()
 
 
@@ -144,12 +134,12 @@ def _run_due_jobs(jobs: list[Job], dsn: str, conn: psycopg.Connection | None,
                                        application_name="engine maintenance")
             outcome = job.run(conn)
         except psycopg.Error as exc:
-            log_event(job=job.name, error=str(exc))
+            log_event("maintenance_job_failed", job=job.name, error=str(exc))
             if conn is not None:
                 conn.close()
             conn = None
             continue
         if _did_something(outcome):
-            log_event(job=job.name, ms=round((time.monotonic() - started) * 1000, 1),
-                      **outcome)
+            took_ms = round((time.monotonic() - started) * 1000, 1)
+            log_event("maintenance_job", job=job.name, ms=took_ms, **outcome)
     return conn

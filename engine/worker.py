@@ -51,13 +51,14 @@ SWEEP_INTERVAL_S = 1.0
 # A claim waiting for its destination's max_in_flight must still be sent within its
 # lease: it is released once less than its timeout plus this margin is left.
 LEASE_SAFETY_MS = 10_000
-# A destination whose requests pile up unanswered (a dead endpoint hangs every request for
-# its whole timeout) is left out of this process's claims once it holds SLOW_SHARE of the
-# slots: it cannot take the slots of healthy destinations before its breaker opens (which
-# needs failures, which take a timeout to come). When a claim that left such destinations
-# out comes back empty, nobody else is waiting, and the next claim takes them as well: a
-# slow destination alone still gets every slot it needs. (Empty, not merely short: under
-# a steady healthy load most claims are short, and a dead endpoint would get in again.)
+# A destination that holds SLOW_SHARE of the slots while silent (no HTTP answer for
+# SLOW_REQUEST_S, or none yet: a dead endpoint hangs every request for its whole timeout)
+# is left out of this process's claims: it cannot take the slots of healthy destinations
+# before its breaker opens (which needs failures, which take a timeout to come). When a
+# claim that left such destinations out comes back empty, nobody else is waiting, and the
+# next claim takes them as well: a slow destination alone still gets every slot it needs.
+# (Empty, not merely short: under a steady healthy load most claims are short, and a dead
+# endpoint would get in again.)
 SLOW_SHARE = 1 / 8
 SLOW_REQUEST_S = 0.5
 EXHAUSTED = "attempts exhausted"
@@ -88,16 +89,14 @@ class _DestinationSlots:
         self.started: dict[int, float] = {}  # delivery id -> when its request began
 
     def piling_up(self, share: int, now: float, answered_at: float | None) -> bool:
-        """Holding `share` slots or more while silent (never answered this process, or
-        not for SLOW_REQUEST_S), or with a request unanswered that long: a dead or very
-        slow endpoint. A fast one never qualifies, however busy. A destination that never
-        answered counts as silent at once: a dead endpoint must not fill the slots during
-        its first SLOW_REQUEST_S, when claims come quickly; a live one answers within
-        milliseconds and is let through from then on."""
+        """Holding `share` slots or more while silent: no HTTP answer for SLOW_REQUEST_S,
+        or none yet in this process. A dead endpoint must not fill the slots during its
+        first SLOW_REQUEST_S, when claims come quickly; a live one answers within
+        milliseconds and is let through from then on. Silence, not the age of requests:
+        on a starved CPU even a fast endpoint's requests get old, but answers keep coming."""
         if len(self.started) < share:
             return False
-        silent = answered_at is None or now - answered_at > SLOW_REQUEST_S
-        return silent or now - min(self.started.values()) > SLOW_REQUEST_S
+        return answered_at is None or now - answered_at > SLOW_REQUEST_S
 
 
 class DeliveryWorker:
@@ -126,7 +125,7 @@ class DeliveryWorker:
         self.metrics = instruments()
         self.slow_share = max(1, int(self.capacity * SLOW_SHARE))
         self.leave_out_slow = True  # False right after a claim that left them out was empty
-        self.answered_at: dict[int, float] = {}  # destination id -> its last answer (or error)
+        self.answered_at: dict[int, float] = {}  # destination id -> its last HTTP answer
 
     # Lifecycle
 
@@ -346,7 +345,9 @@ class DeliveryWorker:
     ) -> None:
         self.sending.discard(future)
         slots.started.pop(claim.id, None)
-        self.answered_at[claim.destination_id] = time.monotonic()
+        if (not future.cancelled() and future.exception() is None
+                and future.result().status_code is not None):
+            self.answered_at[claim.destination_id] = time.monotonic()
         if future.cancelled():
             # The drain deadline passed with this request unanswered.
             result = Result(claim.id, claim.attempt, "released", _utcnow())
