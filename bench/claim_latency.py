@@ -13,6 +13,10 @@ temporary folder. Two ways to keep every claim fed with 50 due deliveries:
   and enqueue times are reported too.
 - `upfront` (a backlog after an outage): claims * 50 pending deliveries inserted before the
   first claim, then only claims; the claimed rows stay in flight.
+
+Every tenth claim is followed by an empty durable transaction (one that only takes a
+transaction id, so its commit flushes WAL), timed the same way: `empty_commit_ms` is the
+floor that the round trip, the fsync and the machine's load put under any claim.
 """
 
 from __future__ import annotations
@@ -51,6 +55,15 @@ def add_pending(conn: psycopg.Connection, count: int, destinations: list[int]) -
     conn.execute("VACUUM (ANALYZE) events, deliveries")
 
 
+def durable_commit(conn: psycopg.Connection) -> float:
+    """The floor under every claim on this machine right now: a transaction that only
+    takes a transaction id, so its commit writes and flushes WAL, timed the same way."""
+    t = time.perf_counter()
+    with conn.transaction():
+        conn.execute("SELECT pg_current_xact_id()")
+    return time.perf_counter() - t
+
+
 def run(dsn: str, claims: int, refill: str, backlog: int, finished: int) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         destinations = benchdb.add_destinations(conn, DESTINATIONS)
@@ -60,6 +73,7 @@ def run(dsn: str, claims: int, refill: str, backlog: int, finished: int) -> dict
         fill_s = time.perf_counter() - t0
 
         claim_s: list[float] = []
+        commit_s: list[float] = []
         record_s: list[float] = []
         enqueue_s: list[float] = []
         short = 0
@@ -70,6 +84,8 @@ def run(dsn: str, claims: int, refill: str, backlog: int, finished: int) -> dict
             batch = queue.claim_batch(conn, worker, BATCH, LEASE_MS, FIRST_ATTEMPT_RESERVE)
             claim_s.append(time.perf_counter() - t)
             short += len(batch) < BATCH
+            if n % 10 == 0:
+                commit_s.append(durable_commit(conn))
             if refill == "upfront":
                 continue
             now = dt.datetime.now(dt.UTC)
@@ -108,6 +124,7 @@ def run(dsn: str, claims: int, refill: str, backlog: int, finished: int) -> dict
             "pending_at_start": claims * BATCH if refill == "upfront" else backlog,
             "pending_at_end": counts[0],
             "claim_ms": benchdb.summary_ms(claim_s),
+            "empty_commit_ms": benchdb.summary_ms(commit_s),
             "fill_s": round(fill_s, 1),
             "loop_s": round(loop_s, 1),
             "postgres": benchdb.settings(conn),
@@ -136,7 +153,8 @@ def main() -> None:
     markdown = (
         f"| claim_batch({BATCH}) | refill={args.refill} | {args.finished:,} finished |"
         f" {args.claims:,} claims | p50 {claim['p50']} ms | p99 {claim['p99']} ms |"
-        f" max {claim['max']} ms | PostgreSQL {result['postgres']['server_version']},"
+        f" max {claim['max']} ms | empty commit p50 {result['empty_commit_ms']['p50']} ms |"
+        f" PostgreSQL {result['postgres']['server_version']},"
         f" fsync={result['postgres']['fsync']} |"
     )
     benchdb.write_report("claim_latency", result, markdown)
