@@ -115,6 +115,9 @@ def _free_port() -> int:
 
 def _port_is_free(port: int) -> bool:
     with socket.socket() as s:
+        # As the postmaster binds: connections of the previous run still in TIME_WAIT on
+        # this port must not make a restart move to another port.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
