@@ -143,7 +143,7 @@ def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
     capacity = 64  # engine/worker.py SLOW_SHARE of it: 8
     with FakeDestination(extra_args=["--keep", "0"]) as fake, Engine(
         dsn, tmp_path, "--procs", "1", "--max-in-flight", str(capacity),
-        "--bind", "127.0.0.1:0", "--allow-private-targets",
+        "--bind", "127.0.0.1:0", "--allow-private-targets", "--drain-deadline", "1",
     ) as engine:
         hanging = add_destination(conn, url=fake.url("dead/hanging"), timeout_ms=10_000)
         healthy = add_destination(conn, url=fake.url("slow/20/healthy"))
