@@ -100,7 +100,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
                 raise ConfigError(f"unknown setting {raw_key!r} in {config_file}")
             values[key] = value
     dsn = os.environ.get("ENGINE_DSN") or os.environ.get("DATABASE_URL")
-    if dsn and "dsn" not in values:
+    if dsn:  # the environment overrides the file, as flags override both
         values["dsn"] = dsn
     if os.environ.get("ENGINE_API_TOKEN"):
         values["api_token"] = os.environ["ENGINE_API_TOKEN"]

@@ -54,6 +54,17 @@ def test_dsn_resolution_order(
     assert load_settings(None, dsn=flag).dsn == expected
 
 
+def test_environment_overrides_the_config_file_and_flags_override_both(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "engine.toml"
+    config.write_text('dsn = "postgresql://file@127.0.0.1:4/file"\n')
+    assert load_settings(config).dsn == "postgresql://file@127.0.0.1:4/file"
+    clean_env.setenv("DATABASE_URL", URL)
+    assert load_settings(config).dsn == URL
+    assert load_settings(config, dsn=FLAG).dsn == FLAG
+
+
 @pytest.mark.parametrize("argv", [["--dsn", FLAG, "migrate"], ["migrate", "--dsn", FLAG]])
 def test_dsn_flag_on_either_side_of_the_subcommand(
     clean_env: pytest.MonkeyPatch, argv: list[str]
