@@ -131,7 +131,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", help="PostgreSQL server to use (a database is created on it)")
     parser.add_argument("--procs", type=int, default=2)
-    parser.add_argument("--count", type=int, default=120_000, help="healthy deliveries")
+    parser.add_argument("--count", type=int, default=250_000, help="healthy deliveries")
     parser.add_argument("--window", type=float, default=30.0, help="seconds measured")
     args = parser.parse_args()
     folder = server = None
