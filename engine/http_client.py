@@ -14,7 +14,10 @@ still counts as answered): an endless body must not hold a slot until timeout.
 
 import asyncio
 import errno
+import os
 import time
+import warnings
+from collections.abc import Callable
 from functools import lru_cache
 from urllib.parse import urlsplit
 
@@ -115,7 +118,9 @@ class _Transfer:
         "started_mono",
     )
 
-    def __init__(self, max_body: int, max_drain: int) -> None:
+    def __init__(
+        self, max_body: int, max_drain: int, close_socket: Callable[[int], int]
+    ) -> None:
         self.max_body = max_body
         self.max_drain = max_drain
         self.body = bytearray()
@@ -134,6 +139,7 @@ class _Transfer:
         curl.setopt(pycurl.TCP_NODELAY, 1)
         curl.setopt(pycurl.POST, 1)
         curl.setopt(pycurl.WRITEFUNCTION, self._on_body)
+        curl.setopt(pycurl.CLOSESOCKETFUNCTION, close_socket)
         self.curl = curl
 
     def start(self, future: asyncio.Future[HttpResult]) -> None:
@@ -200,6 +206,12 @@ class CurlPool:
         self._free: list[_Transfer] = []
         self._active: dict[pycurl.Curl, _Transfer] = {}
         self._watched: dict[int, int] = {}  # fd -> POLL_* currently registered
+        # Kept-alive connections curl stopped watching, whose reader stays registered:
+        # curl drops a connection's watch after every response and asks for it again with
+        # the next request on it, and a reader removed and re-added each time costs a
+        # quarter of a worker's CPU. Such a reader is removed when it fires (the peer
+        # closed or sent something unasked) or when curl closes the socket.
+        self._idle_readers: set[int] = set()
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_due = 0.0
         self._closed = False
@@ -245,7 +257,9 @@ class CurlPool:
     ) -> _Transfer:
         if self._closed:
             raise RuntimeError("CurlPool is closed")
-        transfer = self._free.pop() if self._free else _Transfer(self._max_body, self._max_drain)
+        transfer = self._free.pop() if self._free else _Transfer(
+            self._max_body, self._max_drain, self._on_close_socket
+        )
         curl = transfer.curl
         curl.setopt(pycurl.URL, url)
         curl.setopt(pycurl.HTTPHEADER, headers)
@@ -307,20 +321,24 @@ class CurlPool:
             self._loop.remove_reader(fd)
             self._loop.remove_writer(fd)
         self._watched.clear()
+        self._idle_readers.clear()
+        # The multi first: closing its cached connections calls the close-socket callback
+        # of the easy handles that opened them, which must still exist. pycurl cannot run
+        # a Python callback from inside multi.close and warns once per connection; the
+        # sockets are closed all the same (no reader of ours is left on them by now).
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "closesocket_callback", RuntimeWarning)
+            self._multi.close()
         for transfer in self._free:
             transfer.curl.close()
         self._free.clear()
-        self._multi.close()
 
     def _release(self, transfer: _Transfer) -> None:
         curl = transfer.curl
         del self._active[curl]
         self._multi.remove_handle(curl)
         transfer.future = None
-        if self._closed:
-            curl.close()
-        else:
-            self._free.append(transfer)
+        self._free.append(transfer)  # closed by `close`, after the multi
 
     # libcurl callbacks. They must not raise and must not call back into the multi.
 
@@ -328,15 +346,17 @@ class CurlPool:
         # POLL_IN = 1 and POLL_OUT = 2 are bits (POLL_INOUT = 3); POLL_REMOVE = 4 means none.
         wanted = what & pycurl.POLL_INOUT
         watched = self._watched.get(fd, 0)
+        if wanted & pycurl.POLL_IN:
+            self._idle_readers.discard(fd)
+        elif watched & pycurl.POLL_IN:
+            self._idle_readers.add(fd)
+            wanted |= pycurl.POLL_IN  # stays registered until it fires or the socket closes
         changed = wanted ^ watched
         if not changed:
             return
         loop = self._loop
         if changed & pycurl.POLL_IN:
-            if wanted & pycurl.POLL_IN:
-                loop.add_reader(fd, self._on_readable, fd)
-            else:
-                loop.remove_reader(fd)
+            loop.add_reader(fd, self._on_readable, fd)
         if changed & pycurl.POLL_OUT:
             if wanted & pycurl.POLL_OUT:
                 loop.add_writer(fd, self._on_writable, fd)
@@ -371,7 +391,25 @@ class CurlPool:
 
     # Event loop callbacks: hand readiness to libcurl, then collect finished transfers.
 
+    def _on_close_socket(self, fd: int) -> int:
+        if self._watched.pop(fd, None) is not None and not self._closed:
+            self._loop.remove_reader(fd)
+            self._loop.remove_writer(fd)
+        self._idle_readers.discard(fd)
+        os.close(fd)
+        return 0
+
     def _on_readable(self, fd: int) -> None:
+        if fd in self._idle_readers:
+            # An idle connection: curl sees whatever this is when it next uses it.
+            self._idle_readers.discard(fd)
+            self._loop.remove_reader(fd)
+            watched = self._watched[fd] & ~pycurl.POLL_IN
+            if watched:
+                self._watched[fd] = watched
+            else:
+                del self._watched[fd]
+            return
         self._act(fd, pycurl.CSELECT_IN)
 
     def _on_writable(self, fd: int) -> None:

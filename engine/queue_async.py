@@ -27,18 +27,23 @@ async def claim_batch(
     skip_destinations: Sequence[int] = (),
 ) -> list[Claim]:
     """Claim up to `limit` due deliveries for `worker`, none of `skip_destinations`;
-    commits before returning."""
-    async with conn.transaction():
+    commits before returning.
+
+    Pipelined: BEGIN goes out with the first statement and COMMIT with the claim, two
+    round trips instead of four. On a busy machine every round trip waits for the backend
+    to be scheduled, and the claim is what a worker's free slots wait for."""
+    async with conn.pipeline() as pipeline, conn.transaction():
         # Two statements, as in queue.claim_batch: the capped destinations' locks first.
         cursor = await _run_async(
             conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
         )
+        await pipeline.sync()
         capped = [row[0] for row in await cursor.fetchall()]
         params = claim_params(
             worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations
         )
-        rows = await (await _run_async(conn, queries.CLAIM_BATCH, params)).fetchall()
-    return [Claim(*row) for row in rows]
+        claimed = await _run_async(conn, queries.CLAIM_BATCH, params)
+    return [Claim(*row) for row in await claimed.fetchall()]
 
 
 async def record_results(
@@ -46,10 +51,10 @@ async def record_results(
     breaker: BreakerSettings | None = None,
 ) -> int:
     """Apply many attempt outcomes in one statement; returns how many still belonged to
-    `worker`."""
+    `worker`. `conn` is in autocommit mode: the one statement is its own transaction
+    (no BEGIN and COMMIT round trips around it)."""
     if not results:
         return 0
     params = record_params(worker, results, breaker)
-    async with conn.transaction():
-        row = await (await _run_async(conn, queries.RECORD_RESULTS, params)).fetchone()
+    row = await (await _run_async(conn, queries.RECORD_RESULTS, params)).fetchone()
     return int(row[0]) if row else 0
