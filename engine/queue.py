@@ -80,6 +80,9 @@ class Result(msgspec.Struct, frozen=True):
     next_attempt_at: dt.datetime | None = None
 
 
+_RESULTS_ENCODER = msgspec.json.Encoder()
+
+
 @dataclass(frozen=True)
 class BreakerSettings:
     threshold: int = BREAKER_THRESHOLD
@@ -111,22 +114,14 @@ def claim_params(
 def record_params(
     worker: str, results: Sequence[Result], breaker: BreakerSettings | None = None
 ) -> tuple[object, ...]:
-    """Parameters of record_results.sql: one array per column, so a batch is one statement."""
+    """Parameters of record_results.sql: the whole batch as one JSON document."""
     breaker = breaker or BreakerSettings()
     for r in results:
         if r.outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {r.outcome!r}")
     return (
         worker,
-        [r.id for r in results],
-        [r.attempt for r in results],
-        [r.outcome for r in results],
-        [r.next_attempt_at for r in results],
-        [r.started_at for r in results],
-        [r.duration_ms for r in results],
-        [r.status_code for r in results],
-        [r.error for r in results],
-        [r.body for r in results],
+        _RESULTS_ENCODER.encode(results).decode(),
         breaker.threshold,
         breaker.base_pause_ms,
         breaker.max_pause_ms,
