@@ -382,6 +382,7 @@ function shutdown() {
 process.on("SIGTERM", shutdown);
 process.on("SIGINT", shutdown);
 
-server.listen(Number(opts.port), opts.host, () => {
+// A backlog above Node's default 511: two workers open ~1,000 connections at once at start.
+server.listen({ port: Number(opts.port), host: opts.host, backlog: 4096 }, () => {
   process.stdout.write(`${JSON.stringify({ port: server.address().port })}\n`);
 });
