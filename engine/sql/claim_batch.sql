@@ -26,7 +26,9 @@
 -- once locked and finds the new paused_until), and a lease-long pause covers the probe
 -- should its worker die. Only destinations with a due delivery are probed, so a pause
 -- does not run out into an empty half-open window. NO KEY UPDATE, not UPDATE: enqueues
--- (foreign key checks take KEY SHARE) must not wait for a probe.
+-- (foreign key checks take KEY SHARE) must not wait for a probe. Probes come first and
+-- count against $limit (`room` is what they leave): a worker asks for its free slots, so
+-- the batch never holds more than that.
 --
 -- Destinations with max_in_flight take their deliveries only through `capped`, one
 -- LATERAL per destination this transaction holds the advisory lock of ($5): LIMIT is the
@@ -44,7 +46,8 @@ WITH probed_destinations AS (
                AND EXISTS (SELECT 1 FROM deliveries d
                             WHERE d.destination_id = destinations.id
                               AND d.status = 'pending' AND d.next_attempt_at <= now())
-             LIMIT 5
+             ORDER BY paused_until
+             LIMIT least(5, $2)
                FOR NO KEY UPDATE SKIP LOCKED) due
      WHERE dest.id = due.id
  RETURNING dest.id
@@ -64,6 +67,8 @@ WITH probed_destinations AS (
             ORDER BY d.next_attempt_at
             LIMIT 1
               FOR UPDATE OF d SKIP LOCKED) p
+), room AS (
+    SELECT $2 - count(*) AS n FROM probe
 ), capped AS (
     SELECT c.id, c.next_attempt_at
       FROM destinations dest
@@ -78,7 +83,7 @@ WITH probed_destinations AS (
                        AND e.ordering_key = d.ordering_key
                        AND e.id < d.id))
             ORDER BY d.next_attempt_at
-            LIMIT greatest(0, least($2, dest.max_in_flight - (
+            LIMIT greatest(0, least((SELECT n FROM room), dest.max_in_flight - (
                       SELECT count(*) FROM deliveries f
                        WHERE f.destination_id = dest.id AND f.status = 'in_flight')))
               FOR UPDATE OF d SKIP LOCKED) c
@@ -104,7 +109,7 @@ WITH probed_destinations AS (
                 AND e.ordering_key = d.ordering_key
                 AND e.id < d.id))
      ORDER BY d.next_attempt_at
-     LIMIT $2
+     LIMIT (SELECT n FROM room)
        FOR UPDATE OF d SKIP LOCKED
 ), eligible_retry AS (
     SELECT d.id, d.next_attempt_at
@@ -123,19 +128,19 @@ WITH probed_destinations AS (
                 AND e.ordering_key = d.ordering_key
                 AND e.id < d.id))
      ORDER BY d.next_attempt_at
-     LIMIT greatest(0, $2 - least($3, (SELECT count(*) FROM eligible_first))
+     LIMIT greatest(0, (SELECT n FROM room) - least($3, (SELECT count(*) FROM eligible_first))
                          - (SELECT count(*) FROM capped))
        FOR UPDATE OF d SKIP LOCKED
 ), chosen AS (
     SELECT id FROM probe
     UNION ALL
-    (SELECT id FROM capped ORDER BY next_attempt_at LIMIT $2)
+    (SELECT id FROM capped ORDER BY next_attempt_at LIMIT (SELECT n FROM room))
     UNION ALL
     SELECT id FROM eligible_retry
     UNION ALL
     (SELECT id FROM eligible_first
       ORDER BY next_attempt_at
-      LIMIT greatest(0, $2 - (SELECT count(*) FROM eligible_retry)
+      LIMIT greatest(0, (SELECT n FROM room) - (SELECT count(*) FROM eligible_retry)
                           - (SELECT count(*) FROM capped)))
 ), claimed AS (
     UPDATE deliveries d
