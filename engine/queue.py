@@ -21,6 +21,9 @@ BREAKER_MAX_PAUSE_MS = 3_600_000
 # pg_try_advisory_xact_lock(class, destination id) key space: "claiming for this capped
 # destination". Two-int keys never collide with the one-bigint keys used elsewhere.
 CAPPED_CLAIM_LOCK_CLASS = 0x656E67  # "eng"
+# pg_advisory_xact_lock(class, destination id): "recording results that update this
+# destination's breaker" (see record_results.sql).
+BREAKER_LOCK_CLASS = 0x656E68
 RETURN_BATCH = 1000
 REPLAY_BATCH = 500
 
@@ -125,6 +128,7 @@ def record_params(
         breaker.threshold,
         breaker.base_pause_ms,
         breaker.max_pause_ms,
+        BREAKER_LOCK_CLASS,
     )
 
 

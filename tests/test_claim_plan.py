@@ -260,7 +260,7 @@ def test_record_results_finds_its_rows_by_primary_key(
         for i, c in enumerate(mine)
     ]
     params = list(queue.record_params("plan-test", results))
-    types = "text, json, int, int, int"
+    types = "text, json, int, int, int, int"
     explained = explain(tx, mode, queries.RECORD_RESULTS, types, params)
     report(record_property, "record_results", mode, explained)
     assert explained["Plan"]["Actual Rows"] == 1

@@ -6,6 +6,7 @@
 --      attempt undone)), started_at, duration_ms, status_code, error, body and
 --      next_attempt_at (retry and gone)
 --   $3 breaker threshold int, $4 breaker base pause ms int, $5 breaker max pause ms int
+--   $6 advisory lock class int (the key space of "updating this destination's breaker")
 --
 -- One JSON document, not one array per column: psycopg builds each array element by
 -- element in Python (6 us per result, a tenth of a worker's CPU per delivery), while the
@@ -84,51 +85,63 @@ WITH result AS (
            bool_or(outcome = 'gone') AS any_gone
       FROM outcomes
      GROUP BY destination_id
-), locked_destinations AS (
-    -- Lock in id order so two workers updating the same destinations cannot deadlock.
-    SELECT dest.id, dest.consecutive_failures, dest.breaker, dest.breaker_pause_ms,
-           p.any_ok, p.trailing_failures, p.any_gone,
-           CASE WHEN p.any_ok THEN p.trailing_failures
-                ELSE dest.consecutive_failures + p.trailing_failures END AS new_failures
-      FROM destinations dest
-      JOIN per_destination p ON p.destination_id = dest.id
+), serialized AS MATERIALIZED (
+    -- The destinations whose breaker this batch updates, each under a transaction-level
+    -- advisory lock taken in id order, so that two workers recording results for one
+    -- destination take turns, and never in an order that can deadlock. Not row locks
+    -- (FOR NO KEY UPDATE here, then the UPDATE below): under READ COMMITTED the row lock
+    -- follows the row's update chain, but the UPDATE reaches the row again through the
+    -- older version its snapshot sees and takes that version's tuple lock, queued behind
+    -- another worker that waits for us; that deadlocked. With the advisory lock held, no
+    -- other worker holds the row, and the UPDATE reads its current version (the SET
+    -- expressions below use dest.*, re-evaluated on it), however long the lock took.
+    -- Healthy destinations with nothing but successes in the batch need no update and
+    -- are not locked.
+    SELECT p.*, pg_advisory_xact_lock($6, (p.destination_id % 2147483648)::int)
+      FROM per_destination p
+      JOIN destinations dest ON dest.id = p.destination_id
      WHERE p.any_gone
         OR p.trailing_failures > 0
         OR dest.consecutive_failures > 0
         OR dest.breaker <> 'closed'
-     ORDER BY dest.id
-       FOR NO KEY UPDATE OF dest
+     ORDER BY p.destination_id
 ), breaker AS (
+    -- The outcomes in order: a success closes the breaker and clears the count, so only
+    -- the failures after the last success apply, to a closed breaker if there was one.
+    -- Then a half-open breaker re-opens with a doubled pause, a closed one opens at the
+    -- threshold, an open one stays as it is.
     UPDATE destinations dest
-       SET consecutive_failures = l.new_failures,
-           breaker = CASE
-               WHEN l.any_ok AND l.trailing_failures = 0 THEN 'closed'
-               WHEN l.breaker = 'half_open' OR l.new_failures >= $3 THEN 'open'
-               ELSE l.breaker END::breaker_state,
-           breaker_pause_ms = CASE
-               WHEN l.any_ok AND l.trailing_failures = 0 THEN 0
-               WHEN l.breaker = 'half_open' THEN least(greatest(l.breaker_pause_ms * 2, $4), $5)
-               WHEN l.breaker = 'closed' AND l.new_failures >= $3 THEN $4
-               ELSE l.breaker_pause_ms END,
-           paused_until = CASE
-               WHEN l.any_ok AND l.trailing_failures = 0 THEN NULL
-               WHEN l.breaker = 'half_open'
-                   THEN now() + make_interval(
-                            secs => least(greatest(l.breaker_pause_ms * 2, $4), $5) / 1000.0)
-               WHEN l.breaker = 'closed' AND l.new_failures >= $3
-                   THEN now() + make_interval(secs => $4 / 1000.0)
-               ELSE dest.paused_until END,
-           breaker_opened_at = CASE
-               WHEN l.any_ok AND l.trailing_failures = 0 THEN NULL
-               WHEN l.breaker = 'closed' AND l.new_failures >= $3 THEN now()
-               ELSE dest.breaker_opened_at END,
-           disabled = dest.disabled OR l.any_gone,
-           disabled_reason = CASE WHEN l.any_gone AND NOT dest.disabled
+       SET (consecutive_failures, breaker, breaker_pause_ms, paused_until,
+            breaker_opened_at) = (
+           SELECT t.failures,
+                  CASE WHEN t.reopens OR t.opens THEN 'open'
+                       WHEN s.any_ok THEN 'closed'
+                       ELSE dest.breaker END::breaker_state,
+                  CASE WHEN t.reopens THEN t.doubled_ms
+                       WHEN t.opens THEN $4
+                       WHEN s.any_ok THEN 0
+                       ELSE dest.breaker_pause_ms END,
+                  CASE WHEN t.reopens THEN now() + make_interval(secs => t.doubled_ms / 1000.0)
+                       WHEN t.opens THEN now() + make_interval(secs => $4 / 1000.0)
+                       WHEN s.any_ok THEN NULL
+                       ELSE dest.paused_until END,
+                  CASE WHEN t.opens THEN now()
+                       WHEN s.any_ok THEN NULL
+                       ELSE dest.breaker_opened_at END
+             FROM (SELECT f.failures,
+                          NOT s.any_ok AND dest.breaker = 'half_open' AS reopens,
+                          (s.any_ok OR dest.breaker = 'closed') AND f.failures >= $3 AS opens,
+                          least(greatest(dest.breaker_pause_ms * 2, $4), $5) AS doubled_ms
+                     FROM (SELECT CASE WHEN s.any_ok THEN 0
+                                       ELSE dest.consecutive_failures END
+                                  + s.trailing_failures AS failures) f) t),
+           disabled = dest.disabled OR s.any_gone,
+           disabled_reason = CASE WHEN s.any_gone AND NOT dest.disabled
                                   THEN 'endpoint answered 410 Gone'
                                   ELSE dest.disabled_reason END,
            updated_at = now()
-      FROM locked_destinations l
-     WHERE dest.id = l.id
+      FROM serialized s
+     WHERE dest.id = s.destination_id
  RETURNING dest.id, dest.breaker
 )
 SELECT (SELECT count(*) FROM applied) + (SELECT count(*) FROM requeued
