@@ -1,0 +1,1135 @@
+"""Property tests of the queue: the promises users rely on, checked with hypothesis.
+
+1. Concurrent claimers on separate connections (threads, then processes) never hold the
+   same delivery at once, keep ordered keys strictly in order, and together drain
+   everything claimable, with one attempt row per attempt made.
+2. A state machine of enqueue / claim / results / reap / release / replay / pause /
+   resume / advance time, checked against a pure-Python model after every step, on a
+   frozen, movable database clock; the breaker is part of the model, and a second
+   machine narrows the model down to it so that runs reach half-open probes.
+3. The retry schedule and its parsers.
+
+Every property runs at least 200 examples by default (about two minutes in all).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import math
+import multiprocessing as mp
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from engine import queue, retry
+from engine.queue import BreakerSettings, EventIn, Result
+from tests.dbserver import truncate_all
+from tests.test_queue import add_destination
+
+pytestmark = pytest.mark.pg_versions
+
+EXAMPLES = 200
+UTC = dt.UTC
+
+
+# ---------------------------------------------------------------------------------------
+# 1. Concurrent claimers
+# ---------------------------------------------------------------------------------------
+
+MAX_CLAIMERS = 8
+# A claimer that retries a delivery this many times marks it dead instead, as a worker
+# does when the schedule runs out; it bounds every example.
+DRAIN_MAX_ATTEMPTS = 4
+DRAIN_OUTCOMES = ("delivered", "retry", "dead", "released")
+# Generous: a healthy example drains in well under a second.
+DRAIN_DEADLINE_S = 60.0
+# The lease only matters here as the half-open breaker's probe pause (nothing reaps in
+# these tests): short, so a released probe does not stall an example for long.
+DRAIN_LEASE_MS = 50
+NO_BREAKER = BreakerSettings(threshold=1_000_000_000)
+
+
+class Hold(NamedTuple):
+    """One claim as a claimer saw it. [claimed_ns, released_ns] lies inside the time the
+    database let the claimer hold the delivery: claimed_ns is taken after the claim
+    committed, released_ns before the result is sent. So two holds of one delivery whose
+    observed intervals overlap prove the database handed it out twice."""
+
+    delivery_id: int
+    attempt: int
+    worker: str
+    claimed_ns: int
+    released_ns: int
+    outcome: str
+
+
+@dataclass(frozen=True)
+class DrainPlan:
+    claimers: int
+    seeds: tuple[int, ...]
+    max_limit: int
+    weights: tuple[int, ...]  # of DRAIN_OUTCOMES
+    breaker_threshold: int | None  # None: breaker never opens
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What to enqueue: events fanned out to every destination."""
+
+    ordered: tuple[bool, ...]  # one destination per entry
+    keys: tuple[str | None, ...]  # one ordering key per event
+
+
+@st.composite
+def drains(draw: st.DrawFn, most: int) -> tuple[DrainPlan, Backlog]:
+    """A drain of up to `most` deliveries (fewer with the breaker on)."""
+    claimers = draw(st.integers(2, MAX_CLAIMERS))
+    # Mostly without the breaker: an open breaker lets one probe through at a time, so
+    # those examples get a small backlog; they still race claims, probes and results.
+    breaker_threshold = draw(st.sampled_from((None, None, None, 3, 6)))
+    plan = DrainPlan(
+        claimers=claimers,
+        seeds=tuple(draw(st.lists(st.integers(0, 2**32), min_size=claimers,
+                                  max_size=claimers))),
+        max_limit=draw(st.integers(1, 50)),
+        weights=(
+            draw(st.integers(1, 10)),  # delivered: at least some, or nothing drains
+            draw(st.integers(0, 6)),
+            draw(st.integers(0, 2)),
+            draw(st.integers(0, 3)),
+        ),
+        breaker_threshold=breaker_threshold,
+    )
+    ordered = tuple(draw(st.lists(st.booleans(), min_size=1, max_size=3)))
+    deliveries = draw(st.integers(most // 5, most) if breaker_threshold is None
+                      else st.integers(4, 16))
+    events = max(1, deliveries // len(ordered))
+    # Several keys: one key's deliveries go strictly one after another.
+    key_pool = draw(st.lists(st.sampled_from("abcdefgh"), min_size=3, max_size=8,
+                             unique=True))
+    keys = tuple(draw(st.lists(st.none() | st.sampled_from(key_pool),
+                               min_size=events, max_size=events)))
+    return plan, Backlog(ordered, keys)
+
+
+class Enqueued(NamedTuple):
+    ids: set[int]
+    ordered_groups: dict[int, tuple[int, str]]  # delivery: (destination, ordering key)
+
+
+def enqueue_backlog(conn: psycopg.Connection, backlog: Backlog) -> Enqueued:
+    for is_ordered in backlog.ordered:
+        add_destination(conn, ordered=is_ordered)
+    with conn.transaction():
+        queue.enqueue_events(
+            conn, [EventIn("t", str(i), ordering_key=k) for i, k in enumerate(backlog.keys)]
+        )
+    rows = conn.execute(
+        "SELECT id, destination_id, ordering_key FROM deliveries"
+    ).fetchall()
+    assert len(rows) == len(backlog.keys) * len(backlog.ordered)
+    return Enqueued({r[0] for r in rows}, {r[0]: (r[1], r[2]) for r in rows if r[2] is not None})
+
+
+class HoldTracker:
+    """Shared by the claimer threads: who holds which delivery right now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, str] = {}
+
+    def acquire(self, worker: str, ids: Sequence[int]) -> None:
+        with self._lock:
+            for delivery_id in ids:
+                holder = self._held.get(delivery_id)
+                assert holder is None, (
+                    f"{worker} claimed delivery {delivery_id} while {holder} held it"
+                )
+                self._held[delivery_id] = worker
+
+    def release(self, ids: Sequence[int]) -> None:
+        with self._lock:
+            for delivery_id in ids:
+                del self._held[delivery_id]
+
+
+def drain_as(
+    conn: psycopg.Connection,
+    worker: str,
+    plan: DrainPlan,
+    seed: int,
+    unfinished: Any,
+    stop: Any,
+    tracker: HoldTracker | None = None,
+) -> list[Hold]:
+    """Claim and record results until every delivery is finished (delivered or dead).
+    Retries are due at once, so the claimers race for them again."""
+    rng = random.Random(seed)
+    breaker = (NO_BREAKER if plan.breaker_threshold is None
+               else BreakerSettings(plan.breaker_threshold, base_pause_ms=1, max_pause_ms=4))
+    deadline = time.monotonic() + DRAIN_DEADLINE_S
+    holds: list[Hold] = []
+    idle_sleep = 0.0
+    while unfinished.value > 0 and not stop.is_set():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{worker}: {unfinished.value} deliveries never drained")
+        limit = rng.randint(1, plan.max_limit)
+        reserve = rng.randint(0, limit)
+        claims = queue.claim_batch(conn, worker, limit, DRAIN_LEASE_MS, reserve)
+        claimed_ns = time.monotonic_ns()
+        assert len(claims) <= limit, f"asked for {limit}, got {len(claims)}"
+        if not claims:
+            # Back off while others hold what is left, so idle claimers on this 2-core
+            # machine do not starve the busy ones.
+            idle_sleep = min(max(idle_sleep * 2, 0.001), 0.008)
+            time.sleep(idle_sleep)
+            continue
+        idle_sleep = 0.0
+        ids = [c.id for c in claims]
+        if tracker is not None:
+            tracker.acquire(worker, ids)
+        results: list[Result] = []
+        outcomes: list[str] = []
+        now = dt.datetime.now(UTC)
+        for claim in claims:
+            outcome = rng.choices(DRAIN_OUTCOMES, plan.weights)[0]
+            if outcome == "retry" and claim.attempt >= DRAIN_MAX_ATTEMPTS:
+                outcome = "dead"
+            outcomes.append(outcome)
+            failed = outcome in ("retry", "dead")
+            results.append(Result(
+                claim.id, claim.attempt, outcome, now, 1,
+                500 if failed else 200, "HTTP 500" if failed else None,
+                next_attempt_at=now if outcome == "retry" else None,
+            ))
+        rng.shuffle(results)
+        released_ns = time.monotonic_ns()
+        if tracker is not None:
+            tracker.release(ids)
+        applied = queue.record_results(conn, worker, results, breaker)
+        assert applied == len(results), f"{worker}: {applied} of {len(results)} applied"
+        finished = sum(o in ("delivered", "dead") for o in outcomes)
+        with unfinished.get_lock():
+            unfinished.value -= finished
+        holds.extend(
+            Hold(c.id, c.attempt, worker, claimed_ns, released_ns, o)
+            for c, o in zip(claims, outcomes, strict=True)
+        )
+    return holds
+
+
+def check_drained(conn: psycopg.Connection, holds: list[Hold], enqueued: Enqueued) -> None:
+    """Everything the claimers saw agrees with itself and with the database."""
+    by_delivery: dict[int, list[Hold]] = defaultdict(list)
+    for hold in holds:
+        by_delivery[hold.delivery_id].append(hold)
+    final: dict[int, tuple[str, int]] = {}
+    attempts_made: dict[int, int] = {}
+    for delivery_id, its_holds in by_delivery.items():
+        its_holds.sort(key=lambda h: h.claimed_ns)
+        for before, after in itertools.pairwise(its_holds):
+            assert before.released_ns < after.claimed_ns, (
+                f"delivery {delivery_id} held by {before.worker} and {after.worker} at once"
+            )
+        # Attempts count up by one per claim, except that a released claim is undone.
+        expected_attempt = 1
+        for hold in its_holds:
+            assert hold.attempt == expected_attempt, (delivery_id, its_holds)
+            if hold.outcome != "released":
+                expected_attempt += 1
+        last = its_holds[-1]
+        assert last.outcome in ("delivered", "dead"), (delivery_id, its_holds)
+        final[delivery_id] = (last.outcome, last.attempt)
+        attempts_made[delivery_id] = sum(h.outcome != "released" for h in its_holds)
+    assert final.keys() == enqueued.ids, "not every delivery was claimed until finished"
+
+    # Strict ordering: within a (destination, key), a delivery is first claimed only after
+    # every earlier one is finished.
+    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for delivery_id, group in enqueued.ordered_groups.items():
+        groups[group].append(delivery_id)
+    for group, ids in groups.items():
+        ids.sort()
+        for earlier, later in itertools.pairwise(ids):
+            done = max(h.released_ns for h in by_delivery[earlier])
+            begun = min(h.claimed_ns for h in by_delivery[later])
+            assert done < begun, f"{group}: {later} claimed before {earlier} finished"
+
+    assert conn.execute("SELECT count(*) FROM deliveries").fetchone() == (0,)
+    rows = conn.execute("SELECT id, status::text, attempt FROM finished_deliveries").fetchall()
+    assert {r[0]: (r[1], r[2]) for r in rows} == final
+    counts = conn.execute(
+        "SELECT delivery_id, count(*), count(DISTINCT attempt), max(attempt)"
+        " FROM delivery_attempts GROUP BY delivery_id"
+    ).fetchall()
+    # One row per attempt made, numbered 1..n.
+    assert {r[0]: (r[1], r[2], r[3]) for r in counts} == {
+        i: (n, n, n) for i, n in attempts_made.items()
+    }
+
+
+@pytest.fixture
+def claimer_connections(dsn: str) -> Iterator[list[psycopg.Connection]]:
+    """One connection per claimer thread, opened once and reused by every example."""
+    connections = [psycopg.connect(dsn, autocommit=True) for _ in range(MAX_CLAIMERS)]
+    try:
+        yield connections
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(drain=drains(most=100))
+def test_claimer_threads_never_share_a_delivery_and_drain_everything(
+    conn: psycopg.Connection,
+    claimer_connections: list[psycopg.Connection],
+    drain: tuple[DrainPlan, Backlog],
+) -> None:
+    plan, backlog = drain
+    truncate_all(conn)
+    enqueued = enqueue_backlog(conn, backlog)
+    unfinished = mp.Value("l", len(enqueued.ids))
+    stop = threading.Event()
+    tracker = HoldTracker()
+
+    def claimer(index: int) -> list[Hold]:
+        try:
+            return drain_as(claimer_connections[index], f"t{index}", plan, plan.seeds[index],
+                            unfinished, stop, tracker)
+        except BaseException:
+            stop.set()
+            raise
+
+    with ThreadPoolExecutor(plan.claimers) as pool:
+        futures = [pool.submit(claimer, i) for i in range(plan.claimers)]
+        holds = [hold for f in futures for hold in f.result()]
+    check_drained(conn, holds, enqueued)
+
+
+def _claimer_process(
+    dsn: str, commands: Any, reports: Any, unfinished: Any, stop: Any
+) -> None:
+    """A claimer process, reused across examples: runs one drain per command."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        while (command := commands.get()) is not None:
+            worker, plan, seed = command
+            try:
+                reports.put((worker, drain_as(connection, worker, plan, seed, unfinished,
+                                              stop), None))
+            except BaseException as error:
+                stop.set()
+                reports.put((worker, [], repr(error)))
+
+
+class ClaimerProcesses:
+    """MAX_CLAIMERS spawned processes, each with its own connection, started once per test
+    and given one drain per example. Their holds come back through a queue; their
+    monotonic clocks are the same system-wide clock, so the intervals compare."""
+
+    def __init__(self, dsn: str) -> None:
+        context = mp.get_context("spawn")
+        self.unfinished = context.Value("l", 0)
+        self.stop = context.Event()
+        self.reports = context.Queue()
+        self.commands = [context.Queue() for _ in range(MAX_CLAIMERS)]
+        self.processes = [
+            context.Process(target=_claimer_process,
+                            args=(dsn, q, self.reports, self.unfinished, self.stop),
+                            daemon=True)
+            for q in self.commands
+        ]
+        for process in self.processes:
+            process.start()
+
+    def drain(self, plan: DrainPlan, deliveries: int) -> list[Hold]:
+        self.unfinished.value = deliveries
+        self.stop.clear()
+        for index in range(plan.claimers):
+            self.commands[index].put((f"p{index}", plan, plan.seeds[index]))
+        holds: list[Hold] = []
+        errors: list[str] = []
+        for _ in range(plan.claimers):
+            worker, its_holds, error = self.reports.get(timeout=DRAIN_DEADLINE_S + 30)
+            holds.extend(its_holds)
+            if error is not None:
+                errors.append(f"{worker}: {error}")
+        assert not errors, errors
+        return holds
+
+    def close(self) -> None:
+        for q in self.commands:
+            q.put(None)
+        for process in self.processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+@pytest.fixture
+def claimer_processes(dsn: str) -> Iterator[ClaimerProcesses]:
+    processes = ClaimerProcesses(dsn)
+    try:
+        yield processes
+    finally:
+        processes.close()
+
+
+# Fewer deliveries than with threads: this one is about separate processes, and they
+# share two cores; volume is the thread test's job.
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(drain=drains(most=60))
+def test_claimer_processes_never_share_a_delivery_and_drain_everything(
+    conn: psycopg.Connection,
+    claimer_processes: ClaimerProcesses,
+    drain: tuple[DrainPlan, Backlog],
+) -> None:
+    plan, backlog = drain
+    truncate_all(conn)
+    enqueued = enqueue_backlog(conn, backlog)
+    holds = claimer_processes.drain(plan, len(enqueued.ids))
+    check_drained(conn, holds, enqueued)
+
+
+# ---------------------------------------------------------------------------------------
+# 2. The queue against a model
+# ---------------------------------------------------------------------------------------
+
+# Time. The SQL asks PostgreSQL for now(); these tests freeze and move that clock instead
+# of shifting stored timestamps. A `testclock.now()` that reads a session setting sits
+# ahead of pg_catalog on this connection's search_path, so the unchanged queries resolve
+# now() to it: the model and the database agree on the time to the microsecond, with no
+# race against the wall clock and no rewriting of rows. Column defaults were bound to
+# pg_catalog.now() when the schema was created and still stamp the real time; the frozen
+# clock starts far in the future, so rows stamped that way are simply in its past.
+CLOCK_START = dt.datetime(2100, 1, 1, tzinfo=UTC)
+INSTALL_CLOCK = (
+    "CREATE SCHEMA IF NOT EXISTS testclock",
+    "CREATE OR REPLACE FUNCTION testclock.now() RETURNS timestamptz LANGUAGE sql STABLE"
+    " AS $$ SELECT current_setting('testclock.now')::timestamptz $$",
+    "SET search_path = testclock, pg_catalog, public",
+)
+
+MODEL_LEASE_MS = 60_000
+MODEL_LEASE = dt.timedelta(milliseconds=MODEL_LEASE_MS)
+# The breaker is part of the model, with a threshold small enough to open often;
+# BreakerMachine narrows the same model down to it.
+MODEL_BREAKER = BreakerSettings(threshold=3, base_pause_ms=30_000, max_pause_ms=240_000)
+WORKERS = ("w1", "w2")
+LIVENESS_WORKER = "liveness"
+HOT = ("pending", "in_flight")
+
+
+@dataclass
+class ModelDestination:
+    id: int
+    ordered: bool
+    paused: bool = False
+    disabled: bool = False
+    breaker: str = "closed"
+    failures: int = 0
+    pause_ms: int = 0
+    paused_until: dt.datetime | None = None
+    opened_at: dt.datetime | None = None  # when it last left `closed`
+
+    def row(self) -> tuple[object, ...]:
+        return (self.paused, self.disabled, self.breaker, self.failures, self.pause_ms,
+                self.paused_until, self.opened_at)
+
+    def record(self, outcome: str, clock: dt.datetime) -> None:
+        """The breaker after one outcome: a success closes it; failures count, open it
+        at the threshold, and re-open a half-open one with a doubled pause."""
+        if outcome == "delivered":
+            self.breaker, self.failures, self.pause_ms = "closed", 0, 0
+            self.paused_until = self.opened_at = None
+            return
+        self.failures += 1
+        if outcome == "gone":
+            self.disabled = True
+        if self.breaker == "half_open":
+            self.pause_ms = min(max(self.pause_ms * 2, MODEL_BREAKER.base_pause_ms),
+                                MODEL_BREAKER.max_pause_ms)
+        elif self.breaker == "closed" and self.failures >= MODEL_BREAKER.threshold:
+            self.pause_ms = MODEL_BREAKER.base_pause_ms
+            self.opened_at = clock
+        else:
+            return
+        self.breaker = "open"
+        self.paused_until = clock + dt.timedelta(milliseconds=self.pause_ms)
+
+
+@dataclass
+class ModelDelivery:
+    id: int
+    destination: int
+    ordering_key: str | None
+    payload: str
+    next_attempt_at: dt.datetime
+    status: str = "pending"
+    attempt: int = 0
+    holder: str | None = None
+    locked_until: dt.datetime | None = None
+    last_error: str | None = None
+    made: int = 0  # attempts made: claims that were not released
+    recorded: int = 0  # attempt rows written
+
+    def row(self) -> tuple[object, ...]:
+        if self.status in HOT:
+            return (self.status, self.attempt, self.next_attempt_at, self.holder,
+                    self.locked_until, self.last_error)
+        return (self.status, self.attempt, self.last_error)
+
+
+@dataclass(frozen=True)
+class HeldClaim:
+    token: int
+    worker: str
+    delivery: int
+    attempt: int
+
+
+def smallest(chosen: Sequence[ModelDelivery], candidates: Sequence[ModelDelivery],
+             count: int, what: str) -> None:
+    """`chosen` is `count` of `candidates` with the earliest next_attempt_at (ties may go
+    either way): nothing claimable is passed over for something due later."""
+    assert len(chosen) == count, f"{what}: claimed {len(chosen)}, expected {count}"
+    rest = [c for c in candidates if c not in chosen]
+    assert all(c in candidates for c in chosen), f"{what}: claimed something not claimable"
+    if chosen and rest:
+        assert max(c.next_attempt_at for c in chosen) <= min(c.next_attempt_at for c in rest), (
+            f"{what}: claimed a later delivery before an earlier one"
+        )
+
+
+OUTCOMES = ("ok", "ok", "fail", "fail", "fail", "release", "gone")
+EVENTS = st.lists(
+    st.tuples(st.none() | st.sets(st.integers(0, 2), min_size=1, max_size=3),
+              st.sampled_from((None, "a", "b"))),
+    min_size=1, max_size=4)
+
+
+class QueueMachine(RuleBasedStateMachine):
+    """The queue operations against a pure-Python model. After every step the database
+    must match the model exactly: each delivery in exactly one table and state, attempt
+    counters, schedules, holders, errors, attempt rows, and each destination's pause,
+    breaker and counters."""
+
+    conn: ClassVar[psycopg.Connection]
+    outcomes: ClassVar[tuple[str, ...]] = OUTCOMES
+
+    def __init__(self) -> None:
+        super().__init__()
+        truncate_all(self.conn)
+        self.clock = CLOCK_START
+        self._set_clock(self.clock)
+        self.schedule: tuple[float, ...] = ()
+        self.max_attempts = 0
+        self.rng = random.Random(0)
+        self.destinations: dict[int, ModelDestination] = {}
+        self.deliveries: dict[int, ModelDelivery] = {}
+        self.held: list[HeldClaim] = []
+        # Claims taken from their worker (reaped, released): results for them are late.
+        self.lost: list[HeldClaim] = []
+        self.tokens = itertools.count(1)
+        self.checked = False
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _set_clock(self, at: dt.datetime) -> None:
+        self.conn.execute("SELECT set_config('testclock.now', %s, false)", [at.isoformat()])
+
+    def _hot(self) -> list[ModelDelivery]:
+        return [d for d in self.deliveries.values() if d.status in HOT]
+
+    def _due(self) -> list[ModelDelivery]:
+        """Pending, due, and first in line of its ordering key."""
+        hot = sorted(self._hot(), key=lambda d: d.id)
+        heads: dict[tuple[int, str], int] = {}
+        for d in hot:
+            if d.ordering_key is not None:
+                heads.setdefault((d.destination, d.ordering_key), d.id)
+        return [
+            d for d in hot
+            if d.status == "pending" and d.next_attempt_at <= self.clock
+            and (d.ordering_key is None or heads[(d.destination, d.ordering_key)] == d.id)
+        ]
+
+    def _holds(self, worker: str, claim: HeldClaim) -> bool:
+        """Whether a result for `claim` counts: the contract is that the delivery is still
+        in flight, held by that worker, at that attempt. So a late result does count in one
+        corner: its claim was taken away (reaped or released), the delivery was replayed
+        (attempt back to 0) and the same worker claimed it again, at the same attempt
+        number. Telling those claims apart needs a claim token in Claim and Result."""
+        d = self.deliveries[claim.delivery]
+        return d.status == "in_flight" and d.holder == worker and d.attempt == claim.attempt
+
+    def _lose(self, delivery_ids: set[int]) -> None:
+        self.lost += [h for h in self.held if h.delivery in delivery_ids]
+        self.held = [h for h in self.held if h.delivery not in delivery_ids]
+
+    def _return_claims(self, worker: str | None, reason: str) -> int:
+        """The model of release_claims (worker) and reap_expired (worker None)."""
+        returned = {
+            d.id for d in self.deliveries.values()
+            if d.status == "in_flight"
+            and (d.holder == worker if worker is not None else d.locked_until < self.clock)
+        }
+        for delivery_id in returned:
+            d = self.deliveries[delivery_id]
+            d.recorded += 1
+            d.last_error = reason
+            d.holder = d.locked_until = None
+            if d.attempt >= self.max_attempts:
+                d.status = "dead"
+            else:
+                d.status, d.next_attempt_at = "pending", self.clock
+        self._lose(returned)
+        return len(returned)
+
+    # -- rules ----------------------------------------------------------------------
+
+    @initialize(
+        ordered=st.lists(st.booleans(), min_size=1, max_size=3),
+        schedule=st.lists(st.sampled_from((10, 60, 300, 1800)), min_size=1, max_size=3),
+        seed=st.integers(0, 2**32),
+        events=EVENTS,
+    )
+    def start(self, ordered: list[bool], schedule: list[int], seed: int,
+              events: list[tuple[set[int] | None, str | None]]) -> None:
+        """Destinations, a retry schedule, and a first backlog."""
+        self.schedule = tuple(float(s) for s in sorted(schedule))
+        self.max_attempts = retry.max_attempts(self.schedule)
+        self.rng = random.Random(seed)
+        for is_ordered in ordered:
+            destination_id = add_destination(self.conn, ordered=is_ordered)
+            self.destinations[destination_id] = ModelDestination(destination_id, is_ordered)
+        self._enqueue(events)
+
+    @rule(events=EVENTS)
+    def enqueue(self, events: list[tuple[set[int] | None, str | None]]) -> None:
+        """Events fanned out by type (None) or to listed destinations (by index)."""
+        self._enqueue(events)
+
+    def _enqueue(self, events: list[tuple[set[int] | None, str | None]]) -> None:
+        ids = sorted(self.destinations)
+        batch = [
+            EventIn("t", f'{{"n": {i}}}',
+                    None if targets is None else sorted({ids[t % len(ids)] for t in targets}),
+                    ordering_key=key)
+            for i, (targets, key) in enumerate(events)
+        ]
+        with self.conn.transaction():
+            answers = queue.enqueue_events(self.conn, batch)
+        expected: dict[tuple[int, int], tuple[str | None, str]] = {}
+        for event, (event_id, count) in zip(batch, answers, strict=True):
+            assert event_id is not None
+            # Listed destinations get it even when disabled; a fan-out skips those.
+            targets = (event.destination_ids if event.destination_ids is not None
+                       else [i for i in ids if not self.destinations[i].disabled])
+            assert count == len(targets)
+            for destination_id in targets:
+                key = (event.ordering_key or "") if self.destinations[destination_id].ordered \
+                    else None
+                expected[(event_id, destination_id)] = (key, event.payload)
+        rows = self.conn.execute(
+            "SELECT id, event_id, destination_id, ordering_key, next_attempt_at"
+            " FROM deliveries WHERE event_id = ANY(%s)", [[a[0] for a in answers]]
+        ).fetchall()
+        assert {(r[1], r[2]): r[3] for r in rows} == {k: v[0] for k, v in expected.items()}
+        for delivery_id, event_id, destination_id, key, next_attempt_at in rows:
+            # Stamped by a column default with the real time: in the frozen clock's past.
+            assert next_attempt_at < self.clock
+            self.deliveries[delivery_id] = ModelDelivery(
+                delivery_id, destination_id, key, expected[(event_id, destination_id)][1],
+                next_attempt_at)
+
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 6), reserve=st.integers(0, 6))
+    def claim(self, worker: str, limit: int, reserve: int) -> None:
+        reserve = min(reserve, limit)
+        due = self._due()
+        # Only destinations with a due delivery (first in line of its key or not) are
+        # probed: a pause does not run out into an empty half-open window.
+        with_due_work = {
+            d.destination for d in self._hot()
+            if d.status == "pending" and d.next_attempt_at <= self.clock
+        }
+        probe_candidates = [
+            x for x in self.destinations.values()
+            if x.breaker != "closed" and x.paused_until is not None
+            and x.paused_until <= self.clock and not x.disabled and not x.paused
+            and x.id in with_due_work
+        ]
+        claims = queue.claim_batch(self.conn, worker, limit, MODEL_LEASE_MS, reserve)
+        assert len(claims) <= limit
+        claimed = {c.id: c for c in claims}
+        assert len(claimed) == len(claims), "one delivery claimed twice in one batch"
+        for c in claims:
+            assert c.id in self.deliveries, f"claimed unknown delivery {c.id}"
+            x = self.destinations[self.deliveries[c.id].destination]
+            assert not (x.paused or x.disabled), f"claimed {c.id} of a paused destination"
+
+        # Probes: the destinations whose pause ran out longest ago go half-open, up to
+        # min(5, limit) of them; each lets through its earliest due delivery, if any.
+        probed = [x for x in probe_candidates if self._was_probed(x)]
+        expected_probes = min(5, limit, len(probe_candidates))
+        assert len(probed) == expected_probes, (probed, probe_candidates)
+        if probed and len(probed) < len(probe_candidates):
+            assert max(x.paused_until for x in probed) <= min(
+                x.paused_until for x in probe_candidates if x not in probed)
+        probes: list[ModelDelivery] = []
+        for x in probed:
+            candidates = [d for d in due if d.destination == x.id]
+            chosen = [d for d in candidates if d.id in claimed]
+            smallest(chosen, candidates, min(1, len(candidates)), f"probe of {x.id}")
+            probes += chosen
+            x.breaker, x.paused_until = "half_open", self.clock + MODEL_LEASE
+
+        # The rest: retries may take what first attempts (up to `reserve`) leave over.
+        open_for_all = {
+            x.id for x in self.destinations.values()
+            if x.breaker == "closed" and not x.paused and not x.disabled
+        }
+        first = [d for d in due if d.destination in open_for_all and d.attempt == 0]
+        retries = [d for d in due if d.destination in open_for_all and d.attempt > 0]
+        room = limit - len(probes)
+        first_available = min(len(first), room)
+        retry_count = min(len(retries), room - min(reserve, first_available))
+        first_count = min(first_available, room - retry_count)
+        smallest([d for d in retries if d.id in claimed], retries, retry_count, "retries")
+        smallest([d for d in first if d.id in claimed], first, first_count, "first attempts")
+        assert len(claims) == len(probes) + retry_count + first_count, (
+            "claimed a delivery that was not claimable (paused, disabled, breaker open,"
+            " not due, or behind an earlier one of its ordering key)"
+        )
+        for c in claims:
+            d = self.deliveries[c.id]
+            d.status, d.attempt, d.holder = "in_flight", d.attempt + 1, worker
+            d.locked_until = self.clock + MODEL_LEASE
+            d.made += 1
+            assert (c.attempt, c.destination_id, c.payload) == (
+                d.attempt, d.destination, d.payload)
+            self.held.append(HeldClaim(next(self.tokens), worker, d.id, d.attempt))
+
+    def _was_probed(self, destination: ModelDestination) -> bool:
+        row = self.conn.execute(
+            "SELECT breaker::text, paused_until FROM destinations WHERE id = %s",
+            [destination.id]).fetchone()
+        return row == ("half_open", self.clock + MODEL_LEASE)
+
+    @precondition(lambda self: self.held or self.lost)
+    @rule(data=st.data())
+    def record_results(self, data: st.DataObject) -> None:
+        worker = data.draw(st.sampled_from(sorted({h.worker for h in self.held + self.lost})))
+        mine = [h for h in self.held if h.worker == worker]
+        lost = [h for h in self.lost if h.worker == worker]
+        chosen = data.draw(st.lists(st.sampled_from(mine), unique=True,
+                                    min_size=0 if lost else 1)) if mine else []
+        taken = {h.delivery for h in chosen}
+        late_pool = [h for h in lost if h.delivery not in taken]
+        late = data.draw(st.lists(st.sampled_from(late_pool), max_size=2,
+                                  min_size=0 if chosen else 1,
+                                  unique_by=lambda h: h.delivery)) if late_pool else []
+        batch = data.draw(st.permutations(chosen + late))
+        # Failures often enough to open breakers; a 410 rarely, since it disables.
+        outcomes = [data.draw(st.sampled_from(self.outcomes),
+                              label=f"outcome of delivery {h.delivery}") for h in batch]
+        results: list[Result] = []
+        for h, outcome in zip(batch, outcomes, strict=True):
+            if outcome == "ok":
+                results.append(Result(h.delivery, h.attempt, "delivered", self.clock, 5, 200))
+            elif outcome == "release":
+                results.append(Result(h.delivery, h.attempt, "released", self.clock))
+            else:
+                # As a worker computes it: the next try per the schedule, or dead.
+                delay = retry.retry_delay(self.schedule, h.attempt, self.rng)
+                code = 410 if outcome == "gone" else 500
+                if delay is None:
+                    results.append(Result(h.delivery, h.attempt, "dead", self.clock, 5, code,
+                                          f"HTTP {code}"))
+                else:
+                    results.append(Result(
+                        h.delivery, h.attempt, "gone" if outcome == "gone" else "retry",
+                        self.clock, 5, code, f"HTTP {code}", "body",
+                        self.clock + dt.timedelta(seconds=delay)))
+
+        applied = queue.record_results(self.conn, worker, results, MODEL_BREAKER)
+
+        expected_applied = 0
+        for h, r in zip(batch, results, strict=True):
+            d = self.deliveries[h.delivery]
+            if not self._holds(worker, h):
+                continue  # a late result: it changes nothing
+            expected_applied += 1
+            d.holder = d.locked_until = None
+            if r.outcome == "released":
+                d.status, d.attempt, d.next_attempt_at = "pending", d.attempt - 1, self.clock
+                d.made -= 1
+                continue
+            d.recorded += 1
+            self.destinations[d.destination].record(r.outcome, self.clock)
+            if r.outcome == "delivered":
+                d.status, d.last_error = "delivered", None
+            elif r.outcome == "dead":
+                d.status, d.last_error = "dead", r.error
+            else:
+                assert r.next_attempt_at is not None
+                d.status, d.next_attempt_at, d.last_error = (
+                    "pending", r.next_attempt_at, r.error)
+        assert applied == expected_applied
+        self.held = [h for h in self.held if h not in chosen]
+
+    @rule(seconds=st.sampled_from((1, 5, 30, 61, 300, 1000, 4000)), reap=st.booleans())
+    def time_passes(self, seconds: int, reap: bool) -> None:
+        """The clock moves on; the maintenance process may then reap expired leases."""
+        self.clock += dt.timedelta(seconds=seconds)
+        self._set_clock(self.clock)
+        if reap:
+            returned = queue.reap_expired(self.conn, self.max_attempts)
+            assert returned == self._return_claims(None, "lease expired")
+
+    @rule(action=st.sampled_from(
+              ("pause", "resume", "replay", "replay_dead", "release_claims", "liveness")),
+          index=st.integers(0, 1000), worker=st.sampled_from(WORKERS))
+    def operate(self, action: str, index: int, worker: str) -> None:
+        """What operators and the supervisor do now and then. `index` picks a destination
+        or a delivery. Resuming also re-enables a destination a 410 disabled."""
+        ids = sorted(self.destinations)
+        x = self.destinations[ids[index % len(ids)]]
+        if action in ("pause", "resume"):
+            x.paused = action == "pause"
+            x.disabled = x.disabled and x.paused
+            self.conn.execute("UPDATE destinations SET paused = %s, disabled = %s WHERE id = %s",
+                              [x.paused, x.disabled, x.id])
+        elif action == "replay" and self.deliveries:
+            d = self.deliveries[sorted(self.deliveries)[index % len(self.deliveries)]]
+            replayed = queue.replay_delivery(self.conn, d.id)
+            assert replayed == (d.status != "in_flight")
+            if replayed:
+                d.status, d.attempt, d.next_attempt_at = "pending", 0, self.clock
+        elif action == "replay_dead":
+            dead = [d for d in self.deliveries.values()
+                    if d.destination == x.id and d.status == "dead"]
+            assert queue.replay_dead(self.conn, x.id, batch=2) == len(dead)
+            for d in dead:
+                d.status, d.attempt, d.next_attempt_at = "pending", 0, self.clock
+        elif action == "release_claims":
+            returned = queue.release_claims(self.conn, worker, self.max_attempts)
+            assert returned == self._return_claims(worker, "worker exited")
+        elif action == "liveness":
+            self._check_liveness()
+
+    # -- checks ---------------------------------------------------------------------
+
+    def _check_liveness(self) -> None:
+        """Once every schedule, pause and lease has run out and no destination is paused
+        or disabled, claiming again and again delivers everything: each claim finds
+        something while anything is left. Runs in a transaction that is rolled back."""
+        with self.conn.transaction(force_rollback=True):
+            self._set_clock(self.clock + dt.timedelta(days=30))
+            self.conn.execute("UPDATE destinations SET paused = false, disabled = false")
+            queue.reap_expired(self.conn, self.max_attempts)
+            while left := self.conn.execute("SELECT count(*) FROM deliveries").fetchone()[0]:
+                claims = queue.claim_batch(self.conn, LIVENESS_WORKER, 4, MODEL_LEASE_MS, 1)
+                assert claims, f"{left} deliveries left, but none can be claimed"
+                results = [Result(c.id, c.attempt, "delivered", self.clock, 1, 200)
+                           for c in claims]
+                queue.record_results(self.conn, LIVENESS_WORKER, results, MODEL_BREAKER)
+
+    @invariant()
+    def database_matches_model(self) -> None:
+        self.checked = False
+        hot = {
+            r[0]: r[1:] for r in self.conn.execute(
+                "SELECT id, status::text, attempt, next_attempt_at, locked_by, locked_until,"
+                " last_error FROM deliveries").fetchall()
+        }
+        finished = {
+            r[0]: r[1:] for r in self.conn.execute(
+                "SELECT id, status::text, attempt, last_error FROM finished_deliveries"
+            ).fetchall()
+        }
+        assert not hot.keys() & finished.keys(), "a delivery is both queued and finished"
+        model = {d.id: d.row() for d in self.deliveries.values()}
+        assert {**hot, **finished} == model
+
+        rows = dict(self.conn.execute(
+            "SELECT delivery_id, count(*) FROM delivery_attempts GROUP BY delivery_id"
+        ).fetchall())
+        for d in self.deliveries.values():
+            # One attempt row per attempt made; the one in flight is written with its result.
+            assert d.recorded == d.made - (d.status == "in_flight")
+            assert rows.get(d.id, 0) == d.recorded, f"attempt rows of delivery {d.id}"
+            # Dead only once the last attempt is used; never more attempts than that.
+            if d.status == "dead":
+                assert d.attempt == self.max_attempts
+            assert d.attempt <= self.max_attempts - (d.status == "pending")
+
+        destinations = {
+            r[0]: r[1:] for r in self.conn.execute(
+                "SELECT id, paused, disabled, breaker::text, consecutive_failures,"
+                " breaker_pause_ms, paused_until, breaker_opened_at FROM destinations"
+            ).fetchall()
+        }
+        assert destinations == {x.id: x.row() for x in self.destinations.values()}
+        self.checked = True
+
+    def teardown(self) -> None:
+        # The final liveness check, unless a step already failed (its error is the one
+        # to report).
+        if self.checked:
+            self._check_liveness()
+
+
+MACHINE_SETTINGS = settings(
+    max_examples=EXAMPLES, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def test_queue_matches_its_model(conn: psycopg.Connection) -> None:
+    for statement in INSTALL_CLOCK:
+        conn.execute(statement)
+    QueueMachine.conn = conn
+    run_state_machine_as_test(QueueMachine, settings=MACHINE_SETTINGS)
+
+
+class BreakerMachine(QueueMachine):
+    """The same model, narrowed to the breaker: one destination, a long retry schedule,
+    one backlog up front, and only the rules that drive a breaker (claims, results, time),
+    so that runs reach half-open probes with other attempts still in flight."""
+
+    outcomes = ("ok", "fail", "fail", "release")
+
+    @initialize(schedule=st.lists(st.sampled_from((10, 60, 300)), min_size=4, max_size=6),
+                seed=st.integers(0, 2**32),
+                events=st.lists(st.tuples(st.none(), st.none()), min_size=4, max_size=12))
+    def start(self, schedule: list[int], seed: int,  # type: ignore[override]
+              events: list[tuple[set[int] | None, str | None]]) -> None:
+        super().start([False], schedule, seed, events)
+
+    def enqueue(self, events: list[tuple[set[int] | None, str | None]]) -> None:
+        """Not a rule here."""
+
+    def operate(self, action: str, index: int, worker: str) -> None:
+        """Not a rule here."""
+
+
+def test_breaker_matches_its_model(conn: psycopg.Connection) -> None:
+    for statement in INSTALL_CLOCK:
+        conn.execute(statement)
+    BreakerMachine.conn = conn
+    run_state_machine_as_test(BreakerMachine, settings=MACHINE_SETTINGS)
+
+
+# ---------------------------------------------------------------------------------------
+# 3. The retry schedule
+# ---------------------------------------------------------------------------------------
+
+# Delays in whole milliseconds so that every schedule has an exact textual form.
+delays_ms = st.integers(1, 10 * 86_400_000)
+schedules = st.lists(delays_ms, min_size=1, max_size=12).map(
+    lambda ms: tuple(m / 1000 for m in sorted(ms)))
+# Within float rounding of base * (1 ± JITTER).
+ROUNDING = 1e-9
+
+
+@settings(max_examples=EXAMPLES)
+@given(schedule=schedules, rng=st.randoms(use_true_random=False))
+def test_each_delay_is_within_the_jitter_of_its_step(
+    schedule: tuple[float, ...], rng: random.Random
+) -> None:
+    for attempt, base in enumerate(schedule, start=1):
+        delay = retry.retry_delay(schedule, attempt, rng)
+        assert delay is not None
+        low, high = base * (1 - retry.JITTER), base * (1 + retry.JITTER)
+        assert low * (1 - ROUNDING) <= delay <= high * (1 + ROUNDING)
+        assert delay > 0
+
+
+@settings(max_examples=EXAMPLES)
+@given(schedule=schedules, rng=st.randoms(use_true_random=False))
+def test_retries_run_out_in_dead_after_the_last_step(
+    schedule: tuple[float, ...], rng: random.Random
+) -> None:
+    """Following the schedule from the first attempt: every failure but the last gets a
+    later try, so attempt times strictly increase; the failure of attempt
+    len(schedule) + 1 = max_attempts is final (dead)."""
+    attempt, elapsed, times = 1, 0.0, [0.0]
+    while (delay := retry.retry_delay(schedule, attempt, rng)) is not None:
+        attempt += 1
+        elapsed += delay
+        times.append(elapsed)
+    assert attempt == retry.max_attempts(schedule) == len(schedule) + 1
+    assert all(a < b for a, b in itertools.pairwise(times))
+    for later in range(attempt, attempt + 3):
+        assert retry.retry_delay(schedule, later, rng) is None
+    with pytest.raises(ValueError):
+        retry.retry_delay(schedule, 0, rng)
+
+
+@settings(max_examples=EXAMPLES)
+@given(schedule=schedules, rng=st.randoms(use_true_random=False))
+def test_delays_grow_where_the_steps_outgrow_the_jitter(
+    schedule: tuple[float, ...], rng: random.Random
+) -> None:
+    """Jitter can reorder neighbouring delays: step a may come out as late as a * 1.2 and
+    step b as early as b * 0.8. So the delays themselves are only guaranteed to grow where
+    b * 0.8 >= a * 1.2, i.e. b >= 1.5 a, as in the default schedule; where the steps are
+    closer, the order of the two delays is up to chance (both extremes are reachable)."""
+    delays = [retry.retry_delay(schedule, i, rng) for i in range(1, len(schedule) + 1)]
+    ratio = (1 + retry.JITTER) / (1 - retry.JITTER)
+    for (a, b), (da, db) in zip(itertools.pairwise(schedule), itertools.pairwise(delays),
+                                strict=True):
+        assert da is not None and db is not None
+        if b >= a * ratio * (1 + ROUNDING):
+            assert da <= db
+
+
+class ExtremeJitter(random.Random):
+    """Draws the highest jitter, then the lowest, alternately."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.high = True
+
+    def uniform(self, a: float, b: float) -> float:
+        self.high = not self.high
+        return b if not self.high else a
+
+
+@settings(max_examples=EXAMPLES)
+@given(a=delays_ms, growth=st.floats(1.0, 1.49))
+def test_close_steps_can_come_out_in_either_order(a: int, growth: float) -> None:
+    """The bound above is tight: with steps closer than 1.5x, jitter can invert them."""
+    schedule = (a / 1000, a * growth / 1000)
+    rng = ExtremeJitter()
+    first, second = retry.retry_delay(schedule, 1, rng), retry.retry_delay(schedule, 2, rng)
+    assert first is not None and second is not None and first > second
+
+
+UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+spaces = st.text(alphabet=" \t", max_size=2)
+
+
+@st.composite
+def numbers(draw: st.DrawFn) -> str:
+    whole = draw(st.integers(0, 10**6))
+    fraction = draw(st.none() | st.text(alphabet="0123456789", min_size=1, max_size=3))
+    return f"{whole}" if fraction is None else f"{whole}.{fraction}"
+
+
+@st.composite
+def durations(draw: st.DrawFn) -> tuple[str, float]:
+    """A duration as text, in any accepted spelling, and its value in seconds."""
+    number, unit = draw(numbers()), draw(st.sampled_from(sorted(UNITS)))
+    text = draw(spaces) + number + draw(spaces) + unit + draw(spaces)
+    return text, float(number) * UNITS[unit]
+
+
+# What a careless hand or a lax parser might add to a duration.
+EXTRAS = ("-", "+", "e3", "E3", ".", "..", ",", "x", "_", "1", " ", "s", "ms", "0x", "inf",
+          "nan", "\n")
+
+
+@st.composite
+def near_durations(draw: st.DrawFn) -> str:
+    """A duration with something slipped in at a token boundary: mostly not valid."""
+    number, unit = draw(numbers()), draw(st.sampled_from(sorted(UNITS)))
+    extra = [draw(st.sampled_from(EXTRAS)) if draw(st.booleans()) else "" for _ in range(4)]
+    return (extra[0] + draw(spaces) + number + extra[1] + draw(spaces) + extra[2] + unit
+            + extra[3] + draw(spaces))
+
+
+@settings(max_examples=EXAMPLES)
+@given(duration=durations())
+def test_parse_duration_reads_every_spelling(duration: tuple[str, float]) -> None:
+    text, seconds = duration
+    assert retry.parse_duration(text) == seconds
+
+
+def reference_duration(text: str) -> float | None:
+    """An independent reading of the duration grammar: a decimal number without sign or
+    exponent, then a unit; whitespace around either."""
+    body = text.strip(" \t\n")
+    for unit in sorted(UNITS, key=len, reverse=True):
+        if body.endswith(unit):
+            number = body[: -len(unit)].rstrip(" \t\n")
+            whole, dot, fraction = number.partition(".")
+            if whole.isdigit() and whole.isascii() and (
+                    not dot or (fraction.isdigit() and fraction.isascii())):
+                return float(number) * UNITS[unit]
+            return None
+    return None
+
+
+@settings(max_examples=EXAMPLES)
+@given(text=near_durations() | st.text(alphabet="0123456789.,-+e smhdx\t", max_size=10))
+def test_parse_duration_accepts_exactly_the_grammar(text: str) -> None:
+    expected = reference_duration(text)
+    if expected is None:
+        with pytest.raises(ValueError):
+            retry.parse_duration(text)
+    else:
+        assert retry.parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "", " ", "s", "5", "-5s", "+5s", "5e3s", "5E3s", ".5s", "5.s", "5..0s", "5,5s", "0x5s",
+    "5_000s", "inf s", "nan s", "5 s s", "5sm", "5 x", "5 sec", "5 msec", "1 5s", "5\n\ns5",
+])
+def test_parse_duration_refuses(text: str) -> None:
+    with pytest.raises(ValueError):
+        retry.parse_duration(text)
+
+
+def spell(ms: int) -> str:
+    for unit in ("d", "h", "m", "s"):
+        if ms % int(UNITS[unit] * 1000) == 0:
+            return f"{ms // int(UNITS[unit] * 1000)}{unit}"
+    return f"{ms}ms"
+
+
+@settings(max_examples=EXAMPLES)
+@given(ms=st.lists(delays_ms, min_size=1, max_size=12).map(sorted),
+       separator=st.sampled_from((",", ", ", " , ")))
+def test_parse_schedule_round_trips(ms: list[int], separator: str) -> None:
+    text = separator.join(spell(m) for m in ms)
+    parsed = retry.parse_schedule(text)
+    assert len(parsed) == len(ms)
+    assert all(math.isclose(p, m / 1000, rel_tol=1e-12) for p, m in zip(parsed, ms, strict=True))
+
+
+@settings(max_examples=EXAMPLES)
+@given(ms=st.lists(st.integers(0, 10**6), min_size=2, max_size=8),
+       data=st.data())
+def test_parse_schedule_refuses_what_is_not_a_schedule(
+    ms: list[int], data: st.DataObject
+) -> None:
+    """Decreasing or non-positive delays, and an empty schedule, are refused."""
+    assume(0 in ms or ms != sorted(ms))
+    with pytest.raises(ValueError):
+        retry.parse_schedule(",".join(f"{m}ms" for m in ms))
+    with pytest.raises(ValueError):
+        retry.parse_schedule(data.draw(st.sampled_from(("", " ", ",", " , ,"))))
+
