@@ -28,6 +28,14 @@ def dsn(database_factory: DatabaseFactory) -> Iterator[str]:
     database_factory.drop(url)
 
 
+@pytest.fixture(scope="module")
+def module_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
+    """One database shared by a module's tests (for servers started once per module)."""
+    url = database_factory.create()
+    yield url
+    database_factory.drop(url)
+
+
 @pytest.fixture
 def conn(dsn: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(dsn, autocommit=True) as connection:

@@ -19,13 +19,6 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
 @pytest.fixture(scope="module")
-def module_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
-    url = database_factory.create()
-    yield url
-    database_factory.drop(url)
-
-
-@pytest.fixture(scope="module")
 def server(module_dsn: str) -> Iterator[IngressProcess]:
     with IngressProcess(module_dsn, token=TOKEN) as process:
         yield process

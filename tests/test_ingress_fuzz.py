@@ -14,18 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.dbserver import DatabaseFactory
 from tests.ingress_server import IngressProcess
 
 TOKEN = "fuzz-token"
 SCHEMATHESIS_EXAMPLES = 30
-
-
-@pytest.fixture(scope="module")
-def module_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
-    url = database_factory.create()
-    yield url
-    database_factory.drop(url)
 
 
 @pytest.fixture(scope="module")

@@ -140,16 +140,9 @@ class Attempt(msgspec.Struct):
     response_body: str | None
 
 
-class DeliveryDetail(msgspec.Struct):
-    id: int
-    event_id: int
-    destination_id: int
-    status: DeliveryStatus
-    attempt: int
-    next_attempt_at: dt.datetime
-    last_error: str | None
-    created_at: dt.datetime
-    completed_at: dt.datetime | None
+class DeliveryDetail(Delivery):
+    """A delivery with its attempt history (GET /v1/deliveries/{id})."""
+
     attempts: list[Attempt]
 
 
