@@ -155,11 +155,16 @@ def test_embedded_server_as_an_ordinary_user() -> None:
     folder = Path(tempfile.mkdtemp(prefix="engine-nobody-"))
     try:
         os.chown(folder, user.pw_uid, user.pw_gid)
+        # A copy of the package inside the folder: the checkout itself may sit where
+        # `nobody` cannot read (a clone in a 0700 mktemp folder, say).
+        source = folder / "src"
+        shutil.copytree(REPO / "engine", source / "engine",
+                        ignore=shutil.ignore_patterns("__pycache__"))
         done = subprocess.run(
             [sys.executable, "-c", ORDINARY_USER_SCRIPT, str(folder / "data")],
             cwd=folder, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
             env={"PATH": os.environ.get("PATH", ""), "HOME": str(folder),
-                 "PYTHONPATH": str(REPO)},
+                 "PYTHONPATH": str(source)},
             capture_output=True, text=True, timeout=180,
         )
         assert done.returncode == 0, done.stderr[-3000:]
