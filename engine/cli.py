@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bind", help="ingress HOST:PORT (default 127.0.0.1:8080)")
     parser.add_argument("--ingress-procs", type=int, help="ingress processes (default 1)")
     parser.add_argument(
+        "--worker-nice", type=int,
+        help="niceness added to delivery workers so accepting events comes first (default 10,"
+             " 0: off; env ENGINE_WORKER_NICE)",
+    )
+    parser.add_argument(
         "--allow-private-targets", action="store_true", default=None,
         help="allow loopback/private destination addresses (demo, bench, tests)",
     )
@@ -66,6 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         procs=getattr(args, "procs", None),
         bind=getattr(args, "bind", None),
         ingress_procs=getattr(args, "ingress_procs", None),
+        worker_nice=getattr(args, "worker_nice", None),
         allow_private_targets=getattr(args, "allow_private_targets", None),
         retry_schedule=getattr(args, "retry_schedule", None),
         max_in_flight=getattr(args, "max_in_flight", None),

@@ -26,6 +26,9 @@ class Settings:
     procs: int = field(default_factory=lambda: os.cpu_count() or 1)
     bind: str = "127.0.0.1:8080"
     ingress_procs: int = 1
+    # Added to the niceness of delivery worker children (0: same as ingress); see
+    # supervisor._run_worker for why.
+    worker_nice: int = 10
     allow_private_targets: bool = False
     retry_schedule: tuple[float, ...] = DEFAULT_SCHEDULE
     # Per-request timeout bounds; a destination's timeout_ms must lie within them.
@@ -57,6 +60,8 @@ class Settings:
             raise ConfigError("first_attempt_share must be in [0, 1)")
         if self.max_in_flight < 1:
             raise ConfigError("max_in_flight must be at least 1")
+        if not 0 <= self.worker_nice <= 19:
+            raise ConfigError("worker_nice must be from 0 to 19")
         host, _, port = self.bind.rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ConfigError(f"bind must be HOST:PORT, got {self.bind!r}")
@@ -104,6 +109,14 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         values["dsn"] = dsn
     if os.environ.get("ENGINE_API_TOKEN"):
         values["api_token"] = os.environ["ENGINE_API_TOKEN"]
+    worker_nice = os.environ.get("ENGINE_WORKER_NICE")
+    if worker_nice:
+        try:
+            values["worker_nice"] = int(worker_nice)
+        except ValueError:
+            raise ConfigError(
+                f"ENGINE_WORKER_NICE must be an integer, got {worker_nice!r}"
+            ) from None
     for key, value in overrides.items():
         if value is None:
             continue

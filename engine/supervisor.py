@@ -65,6 +65,12 @@ class ChildRole:
 def _run_worker(context: ChildContext) -> int:
     from engine.worker import run_worker_process
 
+    # On a shared host, accepting comes first: a producer waits for ingress's answer,
+    # while delivery is asynchronous and retried anyway. Workers delivering a burst would
+    # otherwise take the CPU that ingress needs to answer within milliseconds.
+    if context.settings.worker_nice:
+        os.nice(context.settings.worker_nice)
+
     return run_worker_process(context.settings, context.dsn)
 
 
