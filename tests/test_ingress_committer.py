@@ -56,6 +56,28 @@ def test_concurrent_requests_share_commits(dsn: str, conn: psycopg.Connection) -
     assert row == (100,)
 
 
+def test_requests_arriving_during_a_commit_go_together_in_the_next(
+    dsn: str, conn: psycopg.Connection
+) -> None:
+    """Natural batching: a lone request is committed at once; those arriving while it
+    commits wait for it and share the next commit."""
+    add_destination(conn)
+    committer = Committer(dsn)
+    commits: list[int] = []
+    committer.on_commit.append(lambda requests, events, seconds: commits.append(requests))
+
+    async def work() -> Any:
+        first = asyncio.ensure_future(committer.submit([EventIn("t", "0")]))
+        while not committer._committing:  # the first commit is on its way
+            await asyncio.sleep(0)
+        rest = await asyncio.gather(*(committer.submit([EventIn("t", "1")]) for _ in range(20)))
+        return [await first, *rest]
+
+    answers = asyncio.run(run_with(committer, work))
+    assert len({a[0].id for a in answers}) == 21
+    assert commits == [1, 20]
+
+
 def test_one_bad_request_does_not_fail_the_others(dsn: str, conn: psycopg.Connection) -> None:
     add_destination(conn)
     committer = Committer(dsn)

@@ -191,8 +191,12 @@ class IngressApp:
             log.exception("unhandled error in %s %s", scope["method"], scope["path"])
             error = errors.internal()
             response = Response(error.status, error.body(), JSON_HEADERS)
+        headers = response.headers or []
+        if response.status != 204:
+            # A length, not chunked encoding: less to frame and for the client to parse.
+            headers = [*headers, (b"content-length", b"%d" % len(response.body))]
         await send({"type": "http.response.start", "status": response.status,
-                    "headers": response.headers or []})
+                    "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
         self.meters.observe(route, response.status, time.perf_counter() - started)
 

@@ -1,13 +1,19 @@
 """Group commit: durable acceptance at the cost of one commit per batch of requests.
 
-Requests that arrive within a short window (or until enough events wait) are written
-together — every event and all its deliveries, in ONE statement, so one transaction and
-one round trip — and each request is answered only after that commit. Then a NOTIFY
-wakes the workers (after the commit, so they find the rows), debounced to at most one
-per few milliseconds.
+Requests are written together — every event and all its deliveries, in ONE statement, so
+one transaction and one round trip — and each request is answered only after that
+commit. Then a NOTIFY wakes the workers (after the commit, so they find the rows),
+debounced to at most one per few milliseconds.
 
-A few committer slots, each with its own connection, run side by side: while one batch
-waits for its commit (fsync), the next one gathers and starts on another connection.
+Batching is natural, with no timer: a request that finds no commit running is committed
+at once; the requests that arrive while a commit runs wait for it and go together in the
+next one. The batch grows with the load, and a lone request waits for nobody.
+
+A second committer slot (its own connection) joins in only when many events wait (batch
+requests): one commit then gathers while the other executes, using a second core of the
+database server. For single events it would halve the batches and double the commits,
+which costs more CPU per event than it saves latency (measured with wrk on one ingress
+process: 6,000/s at 88 µs of CPU per event with two slots, 10,700/s at 70 µs with one).
 """
 
 from __future__ import annotations
@@ -33,9 +39,12 @@ from engine.queue import EventIn
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WINDOW_S = 0.0015
+# A fixed window only delays a lone request (natural batching needs none); tests set one.
+DEFAULT_WINDOW_S = 0.0
 DEFAULT_MAX_EVENTS = 2000
 DEFAULT_SLOTS = 2
+# A further slot starts a commit while another runs only when this many events wait.
+PARALLEL_COMMIT_EVENTS = 256
 NOTIFY_INTERVAL_S = 0.005
 # Beyond this many events waiting for a commit, refuse (503) rather than queue without
 # bound: the database is not keeping up and the clients should back off.
@@ -84,7 +93,9 @@ class Committer:
         self.pause_after_commit_s = float(os.environ.get(PAUSE_AFTER_COMMIT_ENV) or 0)
         self._waiting: collections.deque[Submission] = collections.deque()
         self._waiting_events = 0
-        self._arrived = asyncio.Event()
+        self._committing = 0
+        # Set when a request arrives or a commit ends: a slot then looks again.
+        self._wake = asyncio.Event()
         self._full = asyncio.Event()
         self._notify_wanted = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -110,7 +121,7 @@ class Committer:
         future: asyncio.Future[list[EventAccepted]] = asyncio.get_running_loop().create_future()
         self._waiting.append(Submission(events, future))
         self._waiting_events += len(events)
-        self._arrived.set()
+        self._wake.set()
         if self._waiting_events >= self.max_events:
             self._full.set()
         return await future
@@ -132,16 +143,23 @@ class Committer:
         conn: psycopg.AsyncConnection | None = None
         try:
             while True:
-                while not self._waiting:
-                    self._arrived.clear()
-                    await self._arrived.wait()
+                while not self._waiting or (
+                    self._committing and self._waiting_events < PARALLEL_COMMIT_EVENTS
+                ):
+                    self._wake.clear()
+                    await self._wake.wait()
                 if self.window_s > 0 and self._waiting_events < self.max_events:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._full.wait(), self.window_s)
                 batch = self._take()
                 if not batch:
                     continue
-                conn = await self._commit(conn, batch)
+                self._committing += 1
+                try:
+                    conn = await self._commit(conn, batch)
+                finally:
+                    self._committing -= 1
+                    self._wake.set()
         finally:
             if conn is not None:
                 await conn.close()

@@ -8,6 +8,7 @@ and benches), printing `listening on HOST:PORT` once it accepts connections.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import socket
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from engine.config import Settings, load_settings
 from engine.ingress.app import IngressApp
@@ -31,6 +33,46 @@ def listen(bind: str) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+class _WritesPerStep:
+    """A connection's transport whose writes within one event-loop step go out as one.
+
+    uvicorn writes a response's head and its body separately, and uvloop sends each
+    at once: two send() calls per answer, a quarter of the ingress process's CPU per
+    event (py-spy, wrk on POST /v1/events). Gathered, they are one send() and one
+    segment, a loop callback later (the same loop iteration)."""
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held: list[bytes] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes) -> None:
+        if self._held is None:
+            self._held = [data]
+            self._loop.call_soon(self._flush)
+        else:
+            self._held.append(data)
+
+    def _flush(self) -> None:
+        held, self._held = self._held, None
+        if held and not self._transport.is_closing():
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+
+class _HttpProtocol(HttpToolsProtocol):
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_WritesPerStep(transport))  # type: ignore[arg-type]
 
 
 class _Server(uvicorn.Server):
@@ -64,7 +106,7 @@ def run_ingress(
     config = uvicorn.Config(
         IngressApp(settings, dsn),
         loop="uvloop",
-        http="httptools",
+        http=_HttpProtocol,  # httptools, see _WritesPerStep
         lifespan="on",
         access_log=False,
         proxy_headers=False,
