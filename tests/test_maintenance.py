@@ -3,6 +3,7 @@ the reaper runs under the leader."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -16,10 +17,10 @@ from pathlib import Path
 
 import psycopg
 
-from engine import queue
+from engine import queries, queue
 from engine.queue import EventIn, Result
-from engine.retention import run_retention
-from tests.test_queue import LEASE_MS, add_destination, now
+from engine.retention import cutoff_for, run_retention
+from tests.test_queue import LEASE_MS, add_destination, now, statuses
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = [sys.executable, "-c", "from engine.cli import main; raise SystemExit(main())"]
@@ -63,6 +64,83 @@ def test_retention_removes_exactly_what_is_old(conn: psycopg.Connection) -> None
     assert left_attempts == {delivery_of[e] for e in left_finished}
     # The queued old event (events[10]) keeps its delivery and its row.
     assert conn.execute("SELECT count(*) FROM deliveries").fetchone() == (2,)
+
+
+def deliveries_without_event(conn: psycopg.Connection) -> int:
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM deliveries d"
+        "         WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = d.event_id))"
+        "     + (SELECT count(*) FROM finished_deliveries f"
+        "         WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = f.event_id))"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def wait_for_lock_wait(conn: psycopg.Connection, backend_pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while conn.execute(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [backend_pid]
+    ).fetchone() != ("Lock",):
+        assert time.monotonic() < deadline, "the replay never waited for the lock"
+        time.sleep(0.02)
+
+
+def test_retention_interleaved_with_moves_keeps_every_delivery_event(
+    dsn: str, conn: psycopg.Connection
+) -> None:
+    """No foreign key and no lock keep retention from deleting an event while one of its
+    deliveries moves between the tables: only the snapshot of retention_events' single
+    statement does (see engine/sql/retention_events.sql). Each move here is caught half
+    way, committed on one connection while retention runs on another."""
+    dest = add_destination(conn)
+    with conn.transaction():
+        replayed, completed, expired = [e for e, _ in queue.enqueue_events(
+            conn, [EventIn("t", str(i), [dest]) for i in range(3)])]
+    conn.execute("UPDATE events SET created_at = now() - interval '40 days'")
+    claims = {c.event_id: c for c in queue.claim_batch(conn, "w", 3, LEASE_MS)}
+    t = now(conn)
+    queue.record_results(conn, "w", [
+        Result(claims[e].id, 1, "dead", t, error="refused") for e in (replayed, expired)
+    ])
+    aged = "UPDATE finished_deliveries SET completed_at = now() - interval '31 days' WHERE id = %s"
+    conn.execute(aged, [claims[expired].id])
+
+    with psycopg.connect(dsn, autocommit=True) as mover, \
+            psycopg.connect(dsn, autocommit=True) as retention:
+        # Retention has deleted `expired`'s old finished delivery, not committed yet: a
+        # replay of it waits for the row, then finds nothing to move.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            with retention.transaction():
+                row = queue._run(
+                    retention, queries.RETENTION_FINISHED, (cutoff_for(retention, 30), 1)
+                ).fetchone()
+                assert row is not None and row[0] == 1
+                replay = pool.submit(queue.replay_delivery, mover, claims[expired].id)
+                wait_for_lock_wait(conn, mover.info.backend_pid)
+            assert replay.result(10) is False
+
+        conn.execute(aged, [claims[replayed].id])
+        # A replay moves `replayed`'s (old) finished delivery back to the queue and a
+        # completion moves `completed`'s to finished_deliveries; while neither has
+        # committed, retention sees their old rows and keeps both events.
+        with mover.transaction():
+            assert queue._run(mover, queries.REPLAY_DELIVERY, (claims[replayed].id,)
+                              ).fetchone()
+            delivered = Result(claims[completed].id, 1, "delivered", t, 3, 200)
+            row = queue._run(mover, queries.RECORD_RESULTS,
+                             queue.record_params("w", [delivered])).fetchone()
+            assert row is not None and row[0] == 1
+            during = run_retention(retention, retention_days=30)
+        after = run_retention(retention, retention_days=30)
+
+    assert (during.finished_deliveries, during.events) == (0, 1)  # `expired`'s event
+    assert (after.finished_deliveries, after.events) == (0, 0)
+    left = {r[0] for r in conn.execute("SELECT id FROM events").fetchall()}
+    assert left == {replayed, completed}
+    assert deliveries_without_event(conn) == 0
+    assert statuses(conn) == {claims[replayed].id: "pending",
+                              claims[completed].id: "delivered"}
 
 
 class Proc:

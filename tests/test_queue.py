@@ -58,6 +58,24 @@ def test_enqueue_fans_out_by_event_type(conn: psycopg.Connection) -> None:
     assert rows == [(first, all_types), (first, orders_only), (second, orders_only)]
 
 
+def test_enqueue_refers_only_to_live_destinations(conn: psycopg.Connection) -> None:
+    """No foreign key checks destination_id (schema/005): the enqueue itself writes
+    deliveries only for destinations that exist and are not deleted. (The API refuses such
+    ids with 422 before it enqueues; this is what a race with a delete gets.)"""
+    live = add_destination(conn)
+    deleted = add_destination(conn, deleted_at=now(conn))
+    with conn.transaction():
+        answers = queue.enqueue_events(conn, [
+            EventIn("t", "{}", [live, deleted, 999_999]), EventIn("t", "{}", [deleted]),
+            EventIn("t", "{}"),
+        ])
+    assert [count for _, count in answers] == [1, 0, 1]
+    rows = conn.execute(
+        "SELECT event_id, destination_id FROM deliveries ORDER BY event_id"
+    ).fetchall()
+    assert rows == [(answers[0][0], live), (answers[2][0], live)]
+
+
 def test_idempotency_key_writes_once(conn: psycopg.Connection) -> None:
     add_destination(conn)
     event = EventIn("t", "{}", idempotency_key="k1", request_hash=b"h")

@@ -25,8 +25,8 @@
 -- skip the locked row; one that read the row before the winner committed re-checks it
 -- once locked and finds the new paused_until), and a lease-long pause covers the probe
 -- should its worker die. Only destinations with a due delivery are probed, so a pause
--- does not run out into an empty half-open window. NO KEY UPDATE, not UPDATE: enqueues
--- (foreign key checks take KEY SHARE) must not wait for a probe. Probes come first and
+-- does not run out into an empty half-open window. NO KEY UPDATE: the weakest lock that
+-- excludes another claimer (the row's key does not change). Probes come first and
 -- count against $limit (`room` is what they leave): a worker asks for its free slots, so
 -- the batch never holds more than that.
 --
