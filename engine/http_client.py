@@ -18,7 +18,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from urllib.parse import urlsplit
 
 import msgspec
@@ -27,6 +27,7 @@ import pycurl
 from engine.targets import (
     TargetRefused,
     TargetUnresolvable,
+    cached_pin,
     check_host,
     resolve_and_check_async,
 )
@@ -66,7 +67,7 @@ ERROR_NAMES = {
 } | {code: "tls" for code in TLS_ERRORS}
 
 
-class HttpResult(msgspec.Struct):
+class HttpResult(msgspec.Struct, gc=False):
     """The outcome of one POST. `status_code` may be set together with `error`
     (e.g. a timeout while reading the body): only `ok` means delivered."""
 
@@ -80,6 +81,21 @@ class HttpResult(msgspec.Struct):
     @property
     def ok(self) -> bool:
         return self.error is None and self.status_code is not None and 200 <= self.status_code < 300
+
+
+# Called once per request from the event loop with its result, or with None when the pool
+# is closed first. A plain callback, not a future: a future, its done-callback and the
+# loop's call_soon cost a worker several microseconds per delivery.
+OnDone = Callable[[HttpResult | None], None]
+
+
+def _failed(error: str, started_at: float) -> HttpResult:
+    """The result of a request that never reached the network."""
+    return HttpResult(
+        status_code=None, body=b"", error=error,
+        duration_ms=(time.time() - started_at) * 1000.0, retry_after=None,
+        started_at=started_at,
+    )
 
 
 def classify_error(code: int, message: str, os_errno: int) -> str:
@@ -96,6 +112,10 @@ def _host_port(url: str) -> tuple[str, int]:
     return (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
 
 
+def _target_error(exc: TargetRefused | TargetUnresolvable) -> str:
+    return "dns" if isinstance(exc, TargetUnresolvable) else "refused_target"
+
+
 def _resolve_entry(url: str, pin: str) -> list[str]:
     """The CURLOPT_RESOLVE list that makes curl connect to `pin` for this URL's host."""
     host, port = _host_port(url)
@@ -110,9 +130,9 @@ class _Transfer:
         "body",
         "curl",
         "drain_aborted",
-        "future",
         "max_body",
         "max_drain",
+        "on_done",
         "received",
         "started_at",
         "started_mono",
@@ -126,7 +146,7 @@ class _Transfer:
         self.body = bytearray()
         self.received = 0
         self.drain_aborted = False
-        self.future: asyncio.Future[HttpResult] | None = None
+        self.on_done: OnDone | None = None
         self.started_at = 0.0
         self.started_mono = 0.0
         curl = pycurl.Curl()
@@ -142,11 +162,11 @@ class _Transfer:
         curl.setopt(pycurl.CLOSESOCKETFUNCTION, close_socket)
         self.curl = curl
 
-    def start(self, future: asyncio.Future[HttpResult]) -> None:
+    def start(self, on_done: OnDone) -> None:
         self.body.clear()
         self.received = 0
         self.drain_aborted = False
-        self.future = future
+        self.on_done = on_done
         self.started_at = time.time()
         self.started_mono = time.monotonic()
 
@@ -215,6 +235,7 @@ class CurlPool:
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_due = 0.0
         self._closed = False
+        self._checking: set[asyncio.Task[HttpResult]] = set()  # first lookups of a host
 
     @property
     def in_flight(self) -> int:
@@ -226,12 +247,11 @@ class CurlPool:
         headers: list[str],
         body: bytes,
         timeout_ms: int,
+        on_done: OnDone,
         pin: str | None = None,
-    ) -> asyncio.Future[HttpResult]:
-        """Begin a POST and return the future of its result, for callers that handle
-        completions with callbacks instead of a task per request. Cancelling the future
-        stops nothing: the request runs on until it ends or `close`."""
-        return self._begin(url, headers, body, timeout_ms, pin).future  # type: ignore[return-value]
+    ) -> None:
+        """Begin a POST; `on_done` gets its result from the event loop (see OnDone)."""
+        self._begin(url, headers, body, timeout_ms, pin, on_done)
 
     async def post(
         self,
@@ -242,9 +262,17 @@ class CurlPool:
         pin: str | None = None,
     ) -> HttpResult:
         """POST `body` to `url`; with `pin`, connect to that address whatever DNS says."""
-        transfer = self._begin(url, headers, body, timeout_ms, pin)
-        future = transfer.future
-        assert future is not None
+        future: asyncio.Future[HttpResult] = self._loop.create_future()
+
+        def settle(result: HttpResult | None) -> None:
+            if future.done():
+                return
+            if result is None:
+                future.cancel()
+            else:
+                future.set_result(result)
+
+        transfer = self._begin(url, headers, body, timeout_ms, pin, settle)
         try:
             return await future
         except asyncio.CancelledError:
@@ -253,7 +281,8 @@ class CurlPool:
             raise
 
     def _begin(
-        self, url: str, headers: list[str], body: bytes, timeout_ms: int, pin: str | None
+        self, url: str, headers: list[str], body: bytes, timeout_ms: int, pin: str | None,
+        on_done: OnDone,
     ) -> _Transfer:
         if self._closed:
             raise RuntimeError("CurlPool is closed")
@@ -270,7 +299,7 @@ class CurlPool:
         # Entries land in the multi's shared DNS cache; a later unpinned request to the
         # same host:port may use them too, which only ever points at a checked address.
         curl.setopt(pycurl.RESOLVE, [] if pin is None else _resolve_entry(url, pin))
-        transfer.start(self._loop.create_future())
+        transfer.start(on_done)
         self._active[curl] = transfer
         self._multi.add_handle(curl)
         return transfer
@@ -296,26 +325,64 @@ class CurlPool:
             else:
                 pin = None
         except (TargetRefused, TargetUnresolvable) as exc:
-            return HttpResult(
-                status_code=None,
-                body=b"",
-                error="dns" if isinstance(exc, TargetUnresolvable) else "refused_target",
-                duration_ms=(time.time() - started_at) * 1000.0,
-                retry_after=None,
-                started_at=started_at,
-            )
+            return _failed(_target_error(exc), started_at)
         return await self.post(url, headers, body, timeout_ms, pin)
+
+    def start_checked(
+        self,
+        url: str,
+        headers: list[str],
+        body: bytes,
+        timeout_ms: int,
+        allow_private: bool,
+        on_done: OnDone,
+    ) -> None:
+        """`start` after the connect-time target check. A host whose checked address is
+        cached (the usual case) starts at once; only the first request to a host in a
+        while waits for its lookup, as a task. A refused target reaches `on_done` as a
+        failed result, from the loop like every other result."""
+        if allow_private:
+            self._begin(url, headers, body, timeout_ms, None, on_done)
+            return
+        host, port = _host_port(url)
+        try:
+            # An IP literal involves no DNS, so there is nothing to pin: check it as is.
+            literal = check_host(host, allow_private) is not None
+            pin = None if literal else cached_pin(host, port, allow_private)
+        except (TargetRefused, TargetUnresolvable) as exc:
+            self._loop.call_soon(on_done, _failed(_target_error(exc), time.time()))
+            return
+        if literal or pin is not None:
+            self._begin(url, headers, body, timeout_ms, pin, on_done)
+            return
+        task = self._loop.create_task(
+            self.post_checked(url, headers, body, timeout_ms, allow_private))
+        self._checking.add(task)
+        task.add_done_callback(partial(self._checked, on_done))
+
+    def _checked(self, on_done: OnDone, task: asyncio.Task[HttpResult]) -> None:
+        self._checking.discard(task)
+        if task.cancelled():
+            on_done(None)
+        elif (exc := task.exception()) is not None:
+            on_done(_failed(f"internal: {exc!r}", time.time()))
+        else:
+            on_done(task.result())
 
     async def close(self) -> None:
         """Cancel what is in flight and free every handle and socket watch."""
         if self._closed:
             return
         self._closed = True
+        for task in list(self._checking):
+            task.cancel()
+        if self._checking:
+            await asyncio.gather(*self._checking, return_exceptions=True)
         for transfer in list(self._active.values()):
-            future = transfer.future
+            on_done = transfer.on_done
             self._release(transfer)
-            if future is not None and not future.done():
-                future.cancel()
+            if on_done is not None:
+                on_done(None)
         self._cancel_timer()
         for fd in list(self._watched):
             self._loop.remove_reader(fd)
@@ -337,7 +404,7 @@ class CurlPool:
         curl = transfer.curl
         del self._active[curl]
         self._multi.remove_handle(curl)
-        transfer.future = None
+        transfer.on_done = None
         self._free.append(transfer)  # closed by `close`, after the multi
 
     # libcurl callbacks. They must not raise and must not call back into the multi.
@@ -444,8 +511,8 @@ class CurlPool:
         transfer = self._active.get(curl)
         if transfer is None:
             return
-        future = transfer.future
+        on_done = transfer.on_done
         result = transfer.result(code, message)
         self._release(transfer)
-        if future is not None and not future.done():
-            future.set_result(result)
+        if on_done is not None:
+            on_done(result)

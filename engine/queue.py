@@ -51,8 +51,10 @@ def worker_id(tag: str = "", pid: int | None = None) -> str:
     return f"{base}:{tag}" if tag else base
 
 
-class Claim(msgspec.Struct, frozen=True):
-    """One claimed delivery with all a worker needs to send it."""
+class Claim(msgspec.Struct, frozen=True, gc=False):
+    """One claimed delivery with all a worker needs to send it. gc=False (here, in Result
+    and HttpResult): made per delivery and never in a reference cycle, so the cyclic
+    collector need not track them, and a worker's collections stay short."""
 
     id: int
     event_id: int
@@ -68,7 +70,7 @@ class Claim(msgspec.Struct, frozen=True):
 OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
 
 
-class Result(msgspec.Struct, frozen=True):
+class Result(msgspec.Struct, frozen=True, gc=False):
     """The outcome of one attempt. `next_attempt_at` is set for 'retry' and 'gone'.
     A Struct, not a dataclass: a worker makes one per delivery (several times cheaper)."""
 

@@ -215,6 +215,33 @@ def _lookup(host: str, port: int) -> asyncio.Task[list[str]]:
     return task
 
 
+# (host, port) -> (the lookup task it was checked from, allow_private, the address to pin)
+_checked_pins: dict[tuple[str, int], tuple[asyncio.Task[list[str]], bool, str]] = {}
+
+
+def cached_pin(host: str, port: int, allow_private: bool) -> str | None:
+    """The address to pin from a fresh, finished lookup on this loop, without waiting (the
+    worker's path for every request but a host's first in a while); None when there is no
+    such lookup yet. Raises TargetRefused like `resolve_and_check_async`."""
+    entry = _lookups.get((host, port))
+    if entry is None or entry[0] <= time.monotonic():
+        return None
+    task = entry[1]
+    if not task.done() or task.cancelled() or task.exception() is not None:
+        return None
+    if task.get_loop() is not asyncio.get_running_loop():
+        return None
+    checked = _checked_pins.get((host, port))
+    if checked is not None and checked[0] is task and checked[1] == allow_private:
+        return checked[2]
+    check_host(host.lower(), allow_private)
+    pin = _check_resolved(host, task.result(), allow_private)
+    if len(_checked_pins) >= RESOLVE_CACHE_MAX:
+        _checked_pins.clear()
+    _checked_pins[(host, port)] = (task, allow_private, pin)
+    return pin
+
+
 async def resolve_and_check_async(host: str, port: int, allow_private: bool) -> str:
     """`resolve_and_check` on the running loop, with answers cached for RESOLVE_TTL_S."""
     check_host(host.lower(), allow_private)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import gc
 import math
 import signal
 import time
@@ -121,7 +122,7 @@ class DeliveryWorker:
         self.stopping = False
         self.drain_deadline = math.inf
         self.closing = False
-        self.sending: set[asyncio.Future[HttpResult]] = set()
+        self.sending = 0  # requests with libcurl
         self.metrics = instruments()
         self.slow_share = max(1, int(self.capacity * SLOW_SHARE))
         self.leave_out_slow = True  # False right after a claim that left them out was empty
@@ -133,6 +134,7 @@ class DeliveryWorker:
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.room = asyncio.Event()
+        self.http_idle = asyncio.Event()
         self.flush_wanted = asyncio.Event()
         self.stop_requested = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
@@ -175,11 +177,12 @@ class DeliveryWorker:
                 self._release(claim)
                 unsent += 1
         if self.sending:
-            await asyncio.wait(self.sending, timeout=max(0.0, deadline - time.monotonic()))
-        unfinished = list(self.sending)
-        for future in unfinished:
-            future.cancel()
-        await asyncio.gather(*unfinished, return_exceptions=True)
+            self.http_idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.http_idle.wait(), timeout=max(0.0, deadline - time.monotonic()))
+        unfinished = self.sending
+        await self.http.close()  # what is still unanswered comes back as released
         self.closing = True
         self.flush_wanted.set()
         try:
@@ -188,12 +191,11 @@ class DeliveryWorker:
             log_event("worker_drain_abandoned", worker=self.worker, unrecorded=len(self.results),
                       reason="database unreachable until the drain deadline; the claims "
                              "return to pending when their lease runs out")
-        await self.http.close()
         await self.claim_conn.close()
         await self.flush_conn.close()
         log_event(
             "worker_drained", worker=self.worker, released_unsent=unsent,
-            released_unfinished=len(unfinished),
+            released_unfinished=unfinished,
         )
 
     def _give_up_after_drain_deadline(self) -> None:
@@ -262,7 +264,7 @@ class DeliveryWorker:
                     self._release(claim)
             else:
                 self._dispatch(claims)
-            self.metrics.in_flight.set(len(self.sending))
+            self.metrics.in_flight.set(self.sending)
 
     async def _reconnect_claim(self) -> None:
         await self.claim_conn.close()
@@ -317,7 +319,7 @@ class DeliveryWorker:
     # Sending
 
     def _start(self, claim: Claim, slots: _DestinationSlots) -> None:
-        """Begin one POST. Completions arrive as future callbacks: no task per delivery."""
+        """Begin one POST; its result comes back to _on_response (a callback, no task)."""
         slots.active += 1
         body = claim.payload.encode()
         try:
@@ -329,32 +331,29 @@ class DeliveryWorker:
             self._finished(slots, claim.destination_id)
             return
         timeout_ms = min(claim.timeout_ms, self.settings.max_timeout_ms)
-        future: asyncio.Future[HttpResult]
-        if self.settings.allow_private_targets:
-            future = self.http.start(claim.url, headers, body, timeout_ms)
-        else:  # resolve, check and pin the address first (cached per host)
-            future = self.loop.create_task(
-                self.http.post_checked(claim.url, headers, body, timeout_ms, False)
-            )
-        self.sending.add(future)
+        self.sending += 1
         slots.started[claim.id] = time.monotonic()
-        future.add_done_callback(partial(self._on_response, claim, slots))
+        # Private targets are refused at connect time too: resolve, check and pin the
+        # address (cached per host).
+        self.http.start_checked(
+            claim.url, headers, body, timeout_ms, self.settings.allow_private_targets,
+            partial(self._on_response, claim, slots),
+        )
 
     def _on_response(
-        self, claim: Claim, slots: _DestinationSlots, future: asyncio.Future[HttpResult]
+        self, claim: Claim, slots: _DestinationSlots, response: HttpResult | None
     ) -> None:
-        self.sending.discard(future)
+        self.sending -= 1
+        if self.sending == 0:
+            self.http_idle.set()
         slots.started.pop(claim.id, None)
-        if (not future.cancelled() and future.exception() is None
-                and future.result().status_code is not None):
-            self.answered_at[claim.destination_id] = time.monotonic()
-        if future.cancelled():
+        if response is None:
             # The drain deadline passed with this request unanswered.
             result = Result(claim.id, claim.attempt, "released", _utcnow())
-        elif (exc := future.exception()) is not None:
-            result = self._failure(claim, _utcnow(), None, None, f"internal: {exc!r}")
         else:
-            result = self._outcome(claim, future.result())
+            if response.status_code is not None:
+                self.answered_at[claim.destination_id] = time.monotonic()
+            result = self._outcome(claim, response)
         self._add_result(result)
         self._finished(slots, claim.destination_id)
 
@@ -470,7 +469,7 @@ class DeliveryWorker:
             for index, n in Counter(bisect_left(bounds, s) for s in seconds).items():
                 histogram._buckets[index].inc(n)
             histogram._sum.inc(sum(seconds))
-        metrics.in_flight.set(len(self.sending))
+        metrics.in_flight.set(self.sending)
 
     def _note_retries(self, batch: list[Result]) -> None:
         """Remember when the earliest retry just recorded falls due, so that a short retry
@@ -499,5 +498,8 @@ def run_worker_process(settings: Settings, dsn: str) -> int:
     """Entry point of a forked worker child. SIGINT is left to the supervisor (a Ctrl-C
     reaches the whole process group); SIGTERM starts the drain."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # What exists now (modules, the supervisor's state) lives as long as the process: keep
+    # it out of every later collection.
+    gc.freeze()
     uvloop.run(DeliveryWorker(settings, dsn).run())
     return 0

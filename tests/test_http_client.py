@@ -1,4 +1,6 @@
 import asyncio
+import ipaddress
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -266,3 +268,53 @@ def test_timeout_fires_after_an_earlier_deadline_went_away(server: ScriptedServe
     assert quick.ok
     assert hung.error == "timeout"
     assert 0.55 <= elapsed < 3.0
+
+
+def test_start_hands_the_result_to_the_callback_and_close_hands_back_none(
+    server: ScriptedServer, run
+) -> None:
+    async def started(pool: CurlPool) -> tuple[list[HttpResult | None], list[HttpResult | None]]:
+        answered: list[HttpResult | None] = []
+        hanging: list[HttpResult | None] = []
+        pool.start(assert_loopback(f"{server.base_url}/ok"), HEADERS, b"{}", 5000,
+                   answered.append)
+        pool.start(assert_loopback(f"{server.base_url}/hang"), HEADERS, b"{}", 5000,
+                   hanging.append)
+        deadline = time.monotonic() + 5
+        while not answered and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert hanging == [] and pool.in_flight == 1
+        await pool.close()
+        return answered, hanging
+
+    answered, hanging = run(started)
+    assert len(answered) == 1 and answered[0] is not None and answered[0].ok
+    assert hanging == [None]  # unfinished at close: handed back, not left hanging
+
+
+def test_start_checked_refuses_a_private_target_by_lookup_then_from_the_cache(
+    server: ScriptedServer, run
+) -> None:
+    """The machine's own name resolves to a loopback address (/etc/hosts): the first request
+    waits for the lookup, the second is refused from the cached answer; neither is sent."""
+    host = socket.gethostname()
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, 80)}
+    except socket.gaierror:
+        pytest.skip(f"{host!r} does not resolve here")
+    if not all(ipaddress.ip_address(a).is_loopback for a in addresses):
+        pytest.skip(f"{host!r} does not resolve to loopback only: {addresses}")
+    url = f"http://{host}:{server.server_address[1]}/ok"
+
+    async def twice(pool: CurlPool) -> list[HttpResult | None]:
+        results: list[HttpResult | None] = []
+        for literal in (False, False, True):
+            done: asyncio.Future[HttpResult | None] = asyncio.get_running_loop().create_future()
+            target = f"http://127.0.0.1:{server.server_address[1]}/ok" if literal else url
+            pool.start_checked(target, HEADERS, b"{}", 5000, False, done.set_result)
+            results.append(await done)
+        return results
+
+    results = run(twice)
+    assert [r.error if r else None for r in results] == ["refused_target"] * 3
+    assert server.requests == []

@@ -313,3 +313,4 @@ def test_children_drain_by_themselves_when_the_supervisor_is_killed(
             assert not alive, alive
     assert count(conn, "SELECT count(*) FROM deliveries WHERE status = 'in_flight'") == 0
     assert finished(conn, slow) + count(conn, "SELECT count(*) FROM deliveries") == 50
+

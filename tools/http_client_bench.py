@@ -34,15 +34,17 @@ server.listen(0, '127.0.0.1', () => console.log(server.address().port));
 """
 
 
-async def measure(url: str, concurrency: int, seconds: float, warmup: float) -> dict:
-    pool = CurlPool(max_connects=concurrency)
+async def measure(
+    url: str, concurrency: int, seconds: float, warmup: float, pools: int
+) -> dict:
+    all_pools = [CurlPool(max_connects=concurrency) for _ in range(pools)]
     body = b'{"type":"bench","payload":{"n":12345,"text":"' + b"x" * 200 + b'"}}'
     headers = build_headers([generate_secret()], "evt_bench", int(time.time()), body)
     completed = 0
     failures = 0
     stop_at = 0.0
 
-    async def sender() -> None:
+    async def sender(pool: CurlPool) -> None:
         nonlocal completed, failures
         while time.monotonic() < stop_at:
             result = await pool.post(url, headers, body, 5000)
@@ -52,13 +54,14 @@ async def measure(url: str, concurrency: int, seconds: float, warmup: float) -> 
                 failures += 1
 
     stop_at = time.monotonic() + warmup
-    await asyncio.gather(*(sender() for _ in range(concurrency)))
+    await asyncio.gather(*(sender(all_pools[i % pools]) for i in range(concurrency)))
     completed = failures = 0
     cpu_start, wall_start = time.process_time(), time.monotonic()
     stop_at = wall_start + seconds
-    await asyncio.gather(*(sender() for _ in range(concurrency)))
+    await asyncio.gather(*(sender(all_pools[i % pools]) for i in range(concurrency)))
     wall, cpu = time.monotonic() - wall_start, time.process_time() - cpu_start
-    await pool.close()
+    for pool in all_pools:
+        await pool.close()
     return {
         "posts_per_s": round(completed / wall),
         "cpu_us_per_post": round(cpu / completed * 1e6, 1),
@@ -67,12 +70,14 @@ async def measure(url: str, concurrency: int, seconds: float, warmup: float) -> 
         "failures": failures,
         "seconds": round(wall, 2),
         "concurrency": concurrency,
+        "pools": pools,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=512)
+    parser.add_argument("--pools", type=int, default=1, help="CurlPools sharing the load")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
@@ -83,7 +88,7 @@ def main() -> None:
         port = int(server.stdout.readline())
         url = f"http://127.0.0.1:{port}/hook"
         run = uvloop.run if args.loop == "uvloop" else asyncio.run
-        report = run(measure(url, args.concurrency, args.seconds, args.warmup))
+        report = run(measure(url, args.concurrency, args.seconds, args.warmup, args.pools))
     finally:
         server.terminate()
         server.wait()
