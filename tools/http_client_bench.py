@@ -3,6 +3,7 @@
 From the repository root:
 
     python -m tools.http_client_bench [--concurrency 512] [--seconds 5] [--loop uvloop]
+                                      [--api callback|future]
 
 Prints one JSON line: POSTs/s and CPU microseconds per POST of this process
 (libcurl runs in-process, so that is the whole client cost).
@@ -17,7 +18,7 @@ import time
 
 import uvloop
 
-from engine.http_client import CurlPool
+from engine.http_client import CurlPool, HttpResult
 from engine.signing import build_headers, generate_secret
 
 NODE_SERVER = """
@@ -34,17 +35,15 @@ server.listen(0, '127.0.0.1', () => console.log(server.address().port));
 """
 
 
-async def measure(
-    url: str, concurrency: int, seconds: float, warmup: float, pools: int
-) -> dict:
-    all_pools = [CurlPool(max_connects=concurrency) for _ in range(pools)]
+async def measure(url: str, concurrency: int, seconds: float, warmup: float, api: str) -> dict:
+    pool = CurlPool(max_connects=concurrency)
     body = b'{"type":"bench","payload":{"n":12345,"text":"' + b"x" * 200 + b'"}}'
     headers = build_headers([generate_secret()], "evt_bench", int(time.time()), body)
     completed = 0
     failures = 0
     stop_at = 0.0
 
-    async def sender(pool: CurlPool) -> None:
+    async def sender() -> None:  # --api future: a task awaiting `post` per request
         nonlocal completed, failures
         while time.monotonic() < stop_at:
             result = await pool.post(url, headers, body, 5000)
@@ -53,15 +52,41 @@ async def measure(
             else:
                 failures += 1
 
+    async def callbacks() -> None:  # --api callback: `start`, as the worker does
+        all_done = asyncio.get_running_loop().create_future()
+        running = concurrency
+
+        def on_done(result: HttpResult | None) -> None:
+            nonlocal completed, failures, running
+            if result is not None and result.status_code == 200:
+                completed += 1
+            else:
+                failures += 1
+            if time.monotonic() < stop_at:
+                pool.start(url, headers, body, 5000, on_done)
+            else:
+                running -= 1
+                if running == 0:
+                    all_done.set_result(None)
+
+        for _ in range(concurrency):
+            pool.start(url, headers, body, 5000, on_done)
+        await all_done
+
+    async def run_all() -> None:
+        if api == "callback":
+            await callbacks()
+        else:
+            await asyncio.gather(*(sender() for _ in range(concurrency)))
+
     stop_at = time.monotonic() + warmup
-    await asyncio.gather(*(sender(all_pools[i % pools]) for i in range(concurrency)))
+    await run_all()
     completed = failures = 0
     cpu_start, wall_start = time.process_time(), time.monotonic()
     stop_at = wall_start + seconds
-    await asyncio.gather(*(sender(all_pools[i % pools]) for i in range(concurrency)))
+    await run_all()
     wall, cpu = time.monotonic() - wall_start, time.process_time() - cpu_start
-    for pool in all_pools:
-        await pool.close()
+    await pool.close()
     return {
         "posts_per_s": round(completed / wall),
         "cpu_us_per_post": round(cpu / completed * 1e6, 1),
@@ -70,14 +95,14 @@ async def measure(
         "failures": failures,
         "seconds": round(wall, 2),
         "concurrency": concurrency,
-        "pools": pools,
+        "api": api,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=512)
-    parser.add_argument("--pools", type=int, default=1, help="CurlPools sharing the load")
+    parser.add_argument("--api", choices=["future", "callback"], default="callback")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
@@ -88,7 +113,7 @@ def main() -> None:
         port = int(server.stdout.readline())
         url = f"http://127.0.0.1:{port}/hook"
         run = uvloop.run if args.loop == "uvloop" else asyncio.run
-        report = run(measure(url, args.concurrency, args.seconds, args.warmup, args.pools))
+        report = run(measure(url, args.concurrency, args.seconds, args.warmup, args.api))
     finally:
         server.terminate()
         server.wait()
