@@ -6,9 +6,10 @@
 -- Returns one row per event position: its id and delivery count, or a NULL id when its
 -- idempotency key already exists (the caller then reads the first answer).
 -- Ids are drawn up front so deliveries can refer to their event without relying on the
--- order of RETURNING rows.
+-- order of RETURNING rows. The sequence by name, as a constant: pg_get_serial_sequence()
+-- here ran once per event, each a catalog lookup (a tenth of a 1000-event batch).
 WITH incoming AS (
-    SELECT nextval(pg_get_serial_sequence('events', 'id')) AS id, e.*
+    SELECT nextval('events_id_seq'::regclass) AS id, e.*
       FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bool[])
            WITH ORDINALITY AS e(type, payload, ordering_key, idempotency_key, request_hash,
                                 explicit, ord)
