@@ -136,6 +136,7 @@ class _Transfer:
         "received",
         "started_at",
         "started_mono",
+        "target",
     )
 
     def __init__(
@@ -149,6 +150,7 @@ class _Transfer:
         self.on_done: OnDone | None = None
         self.started_at = 0.0
         self.started_mono = 0.0
+        self.target: tuple[str, int, str | None] | None = None  # (url, timeout_ms, pin) set
         curl = pycurl.Curl()
         # Options that never change are set once; per-request ones in CurlPool.post.
         curl.setopt(pycurl.NOSIGNAL, 1)
@@ -290,15 +292,19 @@ class CurlPool:
             self._max_body, self._max_drain, self._on_close_socket
         )
         curl = transfer.curl
-        curl.setopt(pycurl.URL, url)
         curl.setopt(pycurl.HTTPHEADER, headers)
         curl.setopt(pycurl.POSTFIELDSIZE, len(body))
         curl.setopt(pycurl.POSTFIELDS, body)
-        curl.setopt(pycurl.TIMEOUT_MS, timeout_ms)
-        curl.setopt(pycurl.CONNECTTIMEOUT_MS, min(timeout_ms, MAX_CONNECT_TIMEOUT_MS))
-        # Entries land in the multi's shared DNS cache; a later unpinned request to the
-        # same host:port may use them too, which only ever points at a checked address.
-        curl.setopt(pycurl.RESOLVE, [] if pin is None else _resolve_entry(url, pin))
+        # A handle keeps its options: what the previous request on it already set (the
+        # same destination, most of the time) is not set again.
+        if (url, timeout_ms, pin) != transfer.target:
+            transfer.target = (url, timeout_ms, pin)
+            curl.setopt(pycurl.URL, url)
+            curl.setopt(pycurl.TIMEOUT_MS, timeout_ms)
+            curl.setopt(pycurl.CONNECTTIMEOUT_MS, min(timeout_ms, MAX_CONNECT_TIMEOUT_MS))
+            # Entries land in the multi's shared DNS cache; a later unpinned request to the
+            # same host:port may use them too, which only ever points at a checked address.
+            curl.setopt(pycurl.RESOLVE, [] if pin is None else _resolve_entry(url, pin))
         transfer.start(on_done)
         self._active[curl] = transfer
         self._multi.add_handle(curl)
