@@ -2,7 +2,7 @@
 the batch endpoint's events/s, each compared with pgbench single-row 1 KB INSERTs with the
 same durability on the same PostgreSQL server.
 
-  python bench/ingress.py [--dsn URL] [--duration 20] [--procs 2] [--ingress-procs 1]
+  python bench/ingress.py [--dsn URL] [--duration 20] [--procs 2] [--ingress-procs N]
 
 Without --dsn it starts a durable (fsync on) embedded PostgreSQL in a temporary folder.
 The engine runs as `engine --procs N` (workers deliver while ingress is measured).
@@ -107,12 +107,16 @@ def run_pgbench(dsn: str, seconds: int) -> dict[str, Any]:
 
 
 @contextmanager
-def engine(dsn: str, port: int, procs: int, ingress_procs: int) -> Iterator[dict[str, Any]]:
-    """`engine --procs N`: workers deliver while ingress is measured."""
+def engine(
+    dsn: str, port: int, procs: int, ingress_procs: int | None
+) -> Iterator[dict[str, Any]]:
+    """`engine --procs N`: workers deliver while ingress is measured. Without
+    `ingress_procs`, the engine's default."""
     env = {k: v for k, v in os.environ.items() if k != "ENGINE_API_TOKEN"}
     argv = [sys.executable, "-m", "engine.cli", "--dsn", dsn, "--procs", str(procs),
-            "--ingress-procs", str(ingress_procs), "--bind", f"127.0.0.1:{port}",
-            "--allow-private-targets"]
+            "--bind", f"127.0.0.1:{port}", "--allow-private-targets"]
+    if ingress_procs is not None:
+        argv += ["--ingress-procs", str(ingress_procs)]
     how = {"command": " ".join(argv[1:2] + argv[4:]), "procs": procs,
            "ingress_procs": ingress_procs}
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -187,13 +191,16 @@ def _wrk_ms(text: str) -> float:
 
 
 def run_wrk(base_url: str, *, mode: str, connections: int, seconds: int,
-            batch: int = 1000) -> dict[str, Any] | None:
+            batch: int = 1000, delay_ms: float = 0) -> dict[str, Any] | None:
     """The same load from wrk (C, nearly free of CPU): shows how much of a locust figure
-    is locust's own cost on this small machine. None when wrk is not installed."""
+    is locust's own cost on this small machine. With `delay_ms`, each connection pauses
+    that long after each answer (about connections * 1000 / delay_ms requests/s: wrk has
+    no fixed rate). None when wrk is not installed."""
     wrk = shutil.which("wrk")
     if wrk is None:
         return None
-    env = {**os.environ, "BENCH_MODE": mode, "BENCH_BATCH": str(batch)}
+    env = {**os.environ, "BENCH_MODE": mode, "BENCH_BATCH": str(batch),
+           "BENCH_DELAY_MS": str(delay_ms)}
     before = load()
     result = subprocess.run(
         [wrk, "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-s",
@@ -212,6 +219,7 @@ def run_wrk(base_url: str, *, mode: str, connections: int, seconds: int,
     per_request = batch if mode == "batch" else 1
     return {
         "tool": "wrk", "mode": mode, "connections": connections, "seconds": seconds,
+        "delay_ms": delay_ms,
         "requests": requests, "failures": failures, "requests_per_s": requests_per_s,
         "events_per_s": requests_per_s * per_request,
         "p50_ms": _wrk_ms(percentiles["50"]) if "50" in percentiles else None,
@@ -219,6 +227,44 @@ def run_wrk(base_url: str, *, mode: str, connections: int, seconds: int,
         "load_before": before, "load_after": load(),
         **({} if "99" in percentiles else {"output": out[-2000:]}),
     }
+
+
+def request_histogram(base_url: str, route: str = "create_event") -> list[tuple[float, float]]:
+    """The ingress's own latency histogram of `route` (cumulative counts per upper bound,
+    summed over the ingress processes), read from /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    buckets: dict[float, float] = {}
+    pattern = re.compile(
+        r'^engine_ingress_request_seconds_bucket\{(?=[^}]*route="' + route
+        + r'")[^}]*le="([^"]+)"[^}]*\} (\S+)$', re.MULTILINE
+    )
+    for le, count in pattern.findall(text):
+        bound = float("inf") if le == "+Inf" else float(le)
+        buckets[bound] = buckets.get(bound, 0.0) + float(count)
+    return sorted(buckets.items())
+
+
+def server_latency(before: list[tuple[float, float]], after: list[tuple[float, float]]
+                   ) -> dict[str, Any]:
+    """What the server itself measured during a phase (from ASGI call to the answer
+    handed to the transport): the bucket bounds p50 and p99 fall under, and the share of
+    requests answered within 10 ms. It leaves out the load generator's own delays."""
+    counts = dict(before)
+    delta = [(bound, count - counts.get(bound, 0.0)) for bound, count in after]
+    total = delta[-1][1] if delta else 0.0
+
+    def upper_ms(q: float) -> float | None:
+        for bound, count in delta:
+            if total and count >= q * total:
+                return bound * 1000
+        return None
+
+    within = next((count for bound, count in delta if bound == 0.01), 0.0)
+    return {"requests": int(total), "p50_le_ms": upper_ms(0.5), "p99_le_ms": upper_ms(0.99),
+            "share_within_10ms": round(within / total, 4) if total else None}
 
 
 def tree_cpu_total(pid: int) -> float:
@@ -314,7 +360,7 @@ def main() -> int:
     parser.add_argument("--dsn", help="admin DSN of a server to bench on (default: embedded)")
     parser.add_argument("--duration", type=int, default=20, help="seconds per phase")
     parser.add_argument("--procs", type=int, default=2)
-    parser.add_argument("--ingress-procs", type=int, default=1)
+    parser.add_argument("--ingress-procs", type=int, help="default: the engine's")
     parser.add_argument("--ceiling-users", type=int, default=64)
     parser.add_argument("--batch-users", type=int, default=4)
     args = parser.parse_args()
@@ -339,14 +385,28 @@ def main() -> int:
             servers = {"engine": engine_pid, **postgres}
             ingress = ingress_pids(engine_pid, port)
             report["engine"]["ingress_pids"] = ingress
+            report["engine"]["ingress_procs"] = len(ingress)
             for name in ("a", "b"):
                 post_json(f"{base}/v1/destinations", {"url": fake.url(f"fast/{name}")})
             phases = report["phases"] = {}
+            histogram = request_histogram(base)
             phases["latency_at_1000_per_s"] = measured(servers, lambda: run_locust(
                 base, mode="single", users=LATENCY_USERS, seconds=args.duration,
                 user_rps=TARGET_RATE / LATENCY_USERS,
             ), "events_per_s", dsn, ingress)
+            phases["latency_at_1000_per_s"]["server_side"] = server_latency(
+                histogram, histogram := request_histogram(base)
+            )
             print("latency:", phases["latency_at_1000_per_s"], flush=True)
+            phases["latency_wrk"] = measured(servers, lambda: run_wrk(
+                base, mode="single", connections=LATENCY_USERS, seconds=args.duration,
+                delay_ms=1000 * LATENCY_USERS / TARGET_RATE,
+            ), "events_per_s", dsn, ingress)
+            if phases["latency_wrk"] is not None:
+                phases["latency_wrk"]["server_side"] = server_latency(
+                    histogram, request_histogram(base)
+                )
+            print("latency (wrk):", phases["latency_wrk"], flush=True)
             phases["single_ceiling"] = measured(servers, lambda: run_locust(
                 base, mode="single", users=args.ceiling_users, seconds=args.duration
             ), "events_per_s", dsn, ingress)
@@ -372,6 +432,11 @@ def main() -> int:
     report["results"] = {
         "latency_p99_ms_at_1000_events_per_s": phases["latency_at_1000_per_s"]["p99_ms"],
         "latency_achieved_events_per_s": phases["latency_at_1000_per_s"]["events_per_s"],
+        # The same phase as the ingress processes measured it, and under wrk's load.
+        "latency_server_side": phases["latency_at_1000_per_s"]["server_side"],
+        "latency_wrk": {k: phases["latency_wrk"][k] for k in
+                        ("events_per_s", "p50_ms", "p99_ms", "server_side")}
+        if phases.get("latency_wrk") else None,
         "single_ceiling_events_per_s": phases["single_ceiling"]["events_per_s"],
         "single_vs_pgbench": phases["single_ceiling"]["events_per_s"] / pgbench_tps,
         "batch_events_per_s": phases["batch"]["events_per_s"],
@@ -402,8 +467,12 @@ def main() -> int:
     report["uptime_at_end"] = uptime()
     results = report["results"]
     markdown = (
-        f"ingress: p99 {results['latency_p99_ms_at_1000_events_per_s']} ms at"
-        f" {results['latency_achieved_events_per_s']:.0f} events/s;"
+        f"ingress ({report['engine']['ingress_procs']} procs):"
+        f" p99 {results['latency_p99_ms_at_1000_events_per_s']} ms at"
+        f" {results['latency_achieved_events_per_s']:.0f} events/s"
+        f" (server side p99 <= {results['latency_server_side']['p99_le_ms']} ms"
+        + (f", wrk p99 {results['latency_wrk']['p99_ms']} ms" if results["latency_wrk"] else "")
+        + ");"
         f" single {results['single_ceiling_events_per_s']:.0f}/s"
         f" ({results['single_vs_pgbench']:.2f}x pgbench {pgbench_tps:.0f} TPS);"
         f" batch {results['batch_events_per_s']:.0f}/s ({results['batch_vs_pgbench']:.2f}x);"

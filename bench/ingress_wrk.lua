@@ -26,3 +26,11 @@ else
   wrk.path = "/v1/events"
   wrk.body = event
 end
+
+-- BENCH_DELAY_MS > 0: each connection waits that long after an answer (a paced load).
+local delay_ms = tonumber(os.getenv("BENCH_DELAY_MS") or "0")
+if delay_ms > 0 then
+  function delay()
+    return delay_ms
+  end
+end
