@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from engine import queries, queue
 from engine.queue import EventIn, Result
@@ -86,6 +87,7 @@ def wait_for_lock_wait(conn: psycopg.Connection, backend_pid: int) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.pg_versions
 def test_retention_interleaved_with_moves_keeps_every_delivery_event(
     dsn: str, conn: psycopg.Connection
 ) -> None:
