@@ -215,7 +215,7 @@ def run_wrk(base_url: str, *, mode: str, connections: int, seconds: int,
     requests = int(total.group(1)) if total else 0
     if requests:
         requests_per_s *= 1 - failures / requests
-    percentiles = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.MULTILINE))
+    percentiles = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.MULTILINE))
     per_request = batch if mode == "batch" else 1
     return {
         "tool": "wrk", "mode": mode, "connections": connections, "seconds": seconds,
