@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -407,22 +408,21 @@ def main() -> int:
                     histogram, request_histogram(base)
                 )
             print("latency (wrk):", phases["latency_wrk"], flush=True)
-            phases["single_ceiling"] = measured(servers, lambda: run_locust(
-                base, mode="single", users=args.ceiling_users, seconds=args.duration
-            ), "events_per_s", dsn, ingress)
-            print("ceiling:", phases["single_ceiling"], flush=True)
-            phases["batch"] = measured(servers, lambda: run_locust(
-                base, mode="batch", users=args.batch_users, seconds=args.duration
-            ), "events_per_s", dsn, ingress)
-            print("batch:", phases["batch"], flush=True)
-            phases["single_ceiling_wrk"] = measured(servers, lambda: run_wrk(
-                base, mode="single", connections=args.ceiling_users, seconds=args.duration
-            ), "events_per_s", dsn, ingress)
-            print("ceiling (wrk):", phases["single_ceiling_wrk"], flush=True)
-            phases["batch_wrk"] = measured(servers, lambda: run_wrk(
-                base, mode="batch", connections=args.batch_users, seconds=args.duration
-            ), "events_per_s", dsn, ingress)
-            print("batch (wrk):", phases["batch_wrk"], flush=True)
+            # (phase, label, load generator, its arguments)
+            ceilings = [
+                ("single_ceiling", "ceiling", run_locust,
+                 {"mode": "single", "users": args.ceiling_users}),
+                ("batch", "batch", run_locust, {"mode": "batch", "users": args.batch_users}),
+                ("single_ceiling_wrk", "ceiling (wrk)", run_wrk,
+                 {"mode": "single", "connections": args.ceiling_users}),
+                ("batch_wrk", "batch (wrk)", run_wrk,
+                 {"mode": "batch", "connections": args.batch_users}),
+            ]
+            for phase, label, generator, options in ceilings:
+                phases[phase] = measured(servers, partial(
+                    generator, base, seconds=args.duration, **options
+                ), "events_per_s", dsn, ingress)
+                print(f"{label}:", phases[phase], flush=True)
             report["fakedest"] = {
                 name: {k: v for k, v in fake.name_stats(name).items() if not isinstance(v, list)}
                 for name in ("a", "b")

@@ -116,6 +116,17 @@ def _target_error(exc: TargetRefused | TargetUnresolvable) -> str:
     return "dns" if isinstance(exc, TargetUnresolvable) else "refused_target"
 
 
+def _ready_pin(url: str, allow_private: bool) -> tuple[bool, str | None]:
+    """(known, pin) for the connect-time check, without waiting: known for an IP literal
+    (no DNS, so nothing to pin: it is checked as is) and for a host whose checked address
+    is cached. Raises TargetRefused for a refused target."""
+    host, port = _host_port(url)
+    if check_host(host, allow_private) is not None:
+        return True, None
+    pin = cached_pin(host, port, allow_private)
+    return pin is not None, pin
+
+
 def _resolve_entry(url: str, pin: str) -> list[str]:
     """The CURLOPT_RESOLVE list that makes curl connect to `pin` for this URL's host."""
     host, port = _host_port(url)
@@ -322,14 +333,11 @@ class CurlPool:
         target becomes a failed result (`refused_target` / `dns`), not an exception."""
         if allow_private:
             return await self.post(url, headers, body, timeout_ms)
-        host, port = _host_port(url)
         started_at = time.time()
         try:
-            # An IP literal involves no DNS, so there is nothing to pin: check it as is.
-            if check_host(host, allow_private) is None:
-                pin = await resolve_and_check_async(host, port, allow_private)
-            else:
-                pin = None
+            known, pin = _ready_pin(url, allow_private)
+            if not known:
+                pin = await resolve_and_check_async(*_host_port(url), allow_private)
         except (TargetRefused, TargetUnresolvable) as exc:
             return _failed(_target_error(exc), started_at)
         return await self.post(url, headers, body, timeout_ms, pin)
@@ -350,15 +358,12 @@ class CurlPool:
         if allow_private:
             self._begin(url, headers, body, timeout_ms, None, on_done)
             return
-        host, port = _host_port(url)
         try:
-            # An IP literal involves no DNS, so there is nothing to pin: check it as is.
-            literal = check_host(host, allow_private) is not None
-            pin = None if literal else cached_pin(host, port, allow_private)
+            known, pin = _ready_pin(url, allow_private)
         except (TargetRefused, TargetUnresolvable) as exc:
             self._loop.call_soon(on_done, _failed(_target_error(exc), time.time()))
             return
-        if literal or pin is not None:
+        if known:
             self._begin(url, headers, body, timeout_ms, pin, on_done)
             return
         task = self._loop.create_task(
