@@ -109,12 +109,21 @@ class DeliveryWorker:
             settings.breaker_threshold, settings.breaker_base_pause_ms,
             settings.breaker_max_pause_ms,
         )
-        self.capacity = settings.max_in_flight
-        # Claim when an eighth of the slots are free: batches big enough for the database,
-        # while a slow destination still sees nearly every slot in flight. (With a fast
-        # destination, slots free up faster than a claim takes, so claims are big anyway.)
+        self.capacity = settings.max_in_flight  # requests with libcurl at once
+        # Claim when an eighth of the slots are free (or half the prefetch, below): batches
+        # big enough for the database, while a slow destination still sees nearly every
+        # slot in flight.
         self.claim_threshold = max(1, min(self.capacity, CLAIM_CAP) // 8)
-        self.held = 0  # claims between claim and result: being sent or waiting for a slot
+        self.held = 0  # claims between claim and result: being sent or waiting to be
+        # Claims held beyond the free slots, waiting in `ready` for one: twice as many as
+        # requests got answered while the last claim ran, at most a claim's worth. With a
+        # fast destination the claims, not the HTTP, are what the slots wait for (a claim
+        # of 500 takes 8-30 ms on a busy machine, its requests are answered sooner): the
+        # next batch is then here when an answer frees a slot. With slow answers it stays
+        # near zero, and a worker whose slots are all busy leaves the backlog to others.
+        self.prefetch = 0
+        self.ready: deque[tuple[Claim, float]] = deque()
+        self.answered = 0  # requests answered so far
         self.destinations: dict[int, _DestinationSlots] = {}
         self.results: list[Result] = []
         self.flushing = 0
@@ -171,6 +180,10 @@ class DeliveryWorker:
             await claimer
         sweeper.cancel()
         unsent = 0
+        while self.ready:
+            claim, _ = self.ready.popleft()
+            self._release(claim)
+            unsent += 1
         for slots in self.destinations.values():
             while slots.waiting:
                 claim, _ = slots.waiting.popleft()
@@ -223,10 +236,14 @@ class DeliveryWorker:
     def _claim_limit(self) -> int:
         if len(self.results) + self.flushing >= UNRECORDED_LIMIT:
             return 0
-        free = self.capacity - self.held
-        if free >= self.claim_threshold or (self.held == 0 and free > 0):
+        free = self.capacity + self.prefetch - self.held
+        if self._room_to_claim() or (self.held == 0 and free > 0):
             return min(free, CLAIM_CAP)
         return 0
+
+    def _room_to_claim(self) -> bool:
+        free = self.capacity + self.prefetch - self.held
+        return free >= max(self.claim_threshold, self.prefetch // 2)
 
     async def _claim_loop(self) -> None:
         settings = self.settings
@@ -242,6 +259,7 @@ class DeliveryWorker:
                 continue
             reserve = int(settings.first_attempt_share * limit)
             started = time.perf_counter()
+            answered_before = self.answered
             now = time.monotonic()
             piling_up = [] if not self.leave_out_slow else [
                 destination for destination, slots in self.destinations.items()
@@ -255,7 +273,9 @@ class DeliveryWorker:
                 await self._reconnect_claim()
                 continue
             self.leave_out_slow = not piling_up or bool(claims)
-            self.metrics.claim_seconds.observe(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self.prefetch = min(self.capacity, CLAIM_CAP, 2 * (self.answered - answered_before))
+            self.metrics.claim_seconds.observe(took)
             self.metrics.claim_batch_size.observe(len(claims))
             # A claim that left silent destinations out and found nothing else is followed
             # at once by one that takes them too, not by a wait for the next poll.
@@ -309,14 +329,21 @@ class DeliveryWorker:
                 )
                 continue
             self.held += 1
-            slots = self.destinations.get(claim.destination_id)
-            if slots is None:
-                slots = self.destinations[claim.destination_id] = _DestinationSlots()
-            slots.cap = claim.max_in_flight
-            if slots.cap is not None and slots.active >= slots.cap:
-                slots.waiting.append((claim, now))
+            if self.sending < self.capacity:
+                self._route(claim, now)
             else:
-                self._start(claim, slots)
+                self.ready.append((claim, now))
+
+    def _route(self, claim: Claim, since: float) -> None:
+        """Start a claim, or queue it behind its destination's max_in_flight."""
+        slots = self.destinations.get(claim.destination_id)
+        if slots is None:
+            slots = self.destinations[claim.destination_id] = _DestinationSlots()
+        slots.cap = claim.max_in_flight
+        if slots.cap is not None and slots.active >= slots.cap:
+            slots.waiting.append((claim, since))
+        else:
+            self._start(claim, slots)
 
     # Sending
 
@@ -346,6 +373,7 @@ class DeliveryWorker:
         self, claim: Claim, slots: _DestinationSlots, response: HttpResult | None
     ) -> None:
         self.sending -= 1
+        self.answered += 1
         if self.sending == 0:
             self.http_idle.set()
         slots.started.pop(claim.id, None)
@@ -367,7 +395,11 @@ class DeliveryWorker:
             self._start(claim, slots)
         elif slots.active == 0 and not slots.waiting:
             self.destinations.pop(destination_id, None)
-        if self.capacity - self.held >= self.claim_threshold:
+        ready = self.ready
+        while ready and self.sending < self.capacity and not self.stopping:
+            claim, since = ready.popleft()
+            self._route(claim, since)
+        if self._room_to_claim():
             self.room.set()
 
     def _release(self, claim: Claim) -> None:
@@ -412,13 +444,13 @@ class DeliveryWorker:
                       _utcnow() + dt.timedelta(seconds=delay))
 
     async def _sweep_loop(self) -> None:
-        """Release claims that waited for their destination's cap too long for their lease."""
+        """Release claims that waited for a slot (their destination's cap, or any free
+        slot) too long for their lease."""
         lease_ms = self.settings.lease_ms
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             now = time.monotonic()
-            for slots in list(self.destinations.values()):
-                waiting = slots.waiting
+            for waiting in [self.ready, *(s.waiting for s in self.destinations.values())]:
                 while waiting:
                     claim, since = waiting[0]
                     allowed_ms = lease_ms - claim.timeout_ms - LEASE_SAFETY_MS

@@ -192,11 +192,25 @@ def test_kill_9_of_a_worker_loses_nothing_and_resends_only_what_was_in_flight(
         assert released["worker"].endswith(f":{victim}")
         stats = fake.name_stats("k")
     assert stats["delivered_ids"] == total
-    assert 0 < released["count"] <= 60
+    assert 0 < released["count"] <= 2 * 60  # in flight, plus at most as many prefetched
     assert stats["duplicates"] <= released["count"]
     lost = count(conn, "SELECT count(*) FROM delivery_attempts WHERE error = 'worker exited'")
     assert lost == released["count"]
     assert count(conn, "SELECT count(*) FROM deliveries") == 0
+
+
+def test_max_in_flight_bounds_the_requests_while_a_worker_prefetches(
+    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path
+) -> None:
+    total, cap = 600, 20
+    with FakeDestination() as fake:
+        quick = add_destination(conn, url=fake.url("slow/20/m"))  # answers fast: prefetch
+        enqueue(conn, ["{}"] * total, [quick])
+        with engine(dsn, tmp_path, config, "--procs", "1", "--max-in-flight", str(cap)):
+            wait_until(lambda: finished(conn, quick) == total, 30, "everything delivered")
+        stats = fake.name_stats("m")
+    assert stats["max_concurrent"] == cap  # every slot used, never one more
+    assert (stats["delivered_ids"], stats["duplicates"]) == (total, 0)
 
 
 def test_sigterm_drains_and_a_second_signal_exits_at_once(
