@@ -307,6 +307,22 @@ def ingress_pids(engine_pid: int, port: int) -> list[int]:
     return found
 
 
+@contextmanager
+def noop_server() -> Iterator[str]:
+    """bench/noop_server.mjs: a server that does no work, for the load generator alone."""
+    process = subprocess.Popen(
+        ["node", str(Path(__file__).with_name("noop_server.mjs"))], stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        port = json.loads(process.stdout.readline())["port"]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -378,6 +394,15 @@ def main() -> int:
             postgres = {"postgres": postmaster_pid(conn)}
         report["pgbench"] = measured(postgres, lambda: run_pgbench(dsn, args.duration), "tps")
         print("pgbench:", report["pgbench"], flush=True)
+        # The single-event ceiling's load, answered by a server that does nothing: the most
+        # any server could show under this load generator on this machine.
+        with noop_server() as noop:
+            client_before = _children_cpu()
+            alone = run_locust(noop, mode="single", users=args.ceiling_users,
+                               seconds=args.duration)
+            alone["load_generator_cpu_s"] = round(_children_cpu() - client_before, 3)
+            report["load_generator_alone"] = alone
+        print("locust against a no-op server:", alone, flush=True)
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         with engine(dsn, port, args.procs, args.ingress_procs) as how:
@@ -439,6 +464,10 @@ def main() -> int:
         if phases.get("latency_wrk") else None,
         "single_ceiling_events_per_s": phases["single_ceiling"]["events_per_s"],
         "single_vs_pgbench": phases["single_ceiling"]["events_per_s"] / pgbench_tps,
+        # Locust's own ceiling (a no-op server) against pgbench: the highest single-event
+        # ratio locust can show here, whatever the server.
+        "load_generator_alone_vs_pgbench":
+            report["load_generator_alone"]["requests_per_s"] / pgbench_tps,
         "batch_events_per_s": phases["batch"]["events_per_s"],
         "batch_vs_pgbench": phases["batch"]["events_per_s"] / pgbench_tps,
         "targets": {"p99_ms": 10, "single_vs_pgbench": 0.5, "batch_vs_pgbench": 2.0},
@@ -474,7 +503,9 @@ def main() -> int:
         + (f", wrk p99 {results['latency_wrk']['p99_ms']} ms" if results["latency_wrk"] else "")
         + ");"
         f" single {results['single_ceiling_events_per_s']:.0f}/s"
-        f" ({results['single_vs_pgbench']:.2f}x pgbench {pgbench_tps:.0f} TPS);"
+        f" ({results['single_vs_pgbench']:.2f}x pgbench {pgbench_tps:.0f} TPS; locust alone"
+        f" {report['load_generator_alone']['requests_per_s']:.0f}/s ="
+        f" {results['load_generator_alone_vs_pgbench']:.2f}x);"
         f" batch {results['batch_events_per_s']:.0f}/s ({results['batch_vs_pgbench']:.2f}x);"
         f" load {report['uptime_at_end'].split('load average: ')[-1]}"
     )
