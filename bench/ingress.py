@@ -394,15 +394,20 @@ def main() -> int:
             postgres = {"postgres": postmaster_pid(conn)}
         report["pgbench"] = measured(postgres, lambda: run_pgbench(dsn, args.duration), "tps")
         print("pgbench:", report["pgbench"], flush=True)
-        # The single-event ceiling's load, answered by a server that does nothing: the most
-        # any server could show under this load generator on this machine.
+        # The latency phase's and the single-event ceiling's load, answered by a server
+        # that does nothing: the best any server could show under this load generator on
+        # this machine.
         with noop_server() as noop:
+            report["load_generator_alone_latency"] = run_locust(
+                noop, mode="single", users=LATENCY_USERS, seconds=args.duration,
+                user_rps=TARGET_RATE / LATENCY_USERS)
             client_before = _children_cpu()
             alone = run_locust(noop, mode="single", users=args.ceiling_users,
                                seconds=args.duration)
             alone["load_generator_cpu_s"] = round(_children_cpu() - client_before, 3)
             report["load_generator_alone"] = alone
-        print("locust against a no-op server:", alone, flush=True)
+        print("locust against a no-op server:", report["load_generator_alone_latency"], alone,
+              flush=True)
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         with engine(dsn, port, args.procs, args.ingress_procs) as how:
@@ -457,6 +462,8 @@ def main() -> int:
     report["results"] = {
         "latency_p99_ms_at_1000_events_per_s": phases["latency_at_1000_per_s"]["p99_ms"],
         "latency_achieved_events_per_s": phases["latency_at_1000_per_s"]["events_per_s"],
+        # The same load against a no-op server: locust's own latency floor.
+        "load_generator_alone_p99_ms": report["load_generator_alone_latency"]["p99_ms"],
         # The same phase as the ingress processes measured it, and under wrk's load.
         "latency_server_side": phases["latency_at_1000_per_s"]["server_side"],
         "latency_wrk": {k: phases["latency_wrk"][k] for k in
@@ -499,7 +506,8 @@ def main() -> int:
         f"ingress ({report['engine']['ingress_procs']} procs):"
         f" p99 {results['latency_p99_ms_at_1000_events_per_s']} ms at"
         f" {results['latency_achieved_events_per_s']:.0f} events/s"
-        f" (server side p99 <= {results['latency_server_side']['p99_le_ms']} ms"
+        f" (locust alone {results['load_generator_alone_p99_ms']} ms;"
+        f" server side p99 <= {results['latency_server_side']['p99_le_ms']} ms"
         + (f", wrk p99 {results['latency_wrk']['p99_ms']} ms" if results["latency_wrk"] else "")
         + ");"
         f" single {results['single_ceiling_events_per_s']:.0f}/s"
