@@ -22,11 +22,13 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import psycopg
@@ -188,6 +190,21 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
     }
 
 
+def summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each run's deliveries/s and the medians of a repeated scenario."""
+    rates = [int(r["deliveries_per_s"]) for r in reports]
+    cpu = {
+        part: round(statistics.median(r["cpu_us_per_delivery"][part] for r in reports), 1)
+        for part in ("engine", "postgres", "destination")
+    }
+    return {
+        "deliveries_per_s": rates, "median_deliveries_per_s": statistics.median(rates),
+        "median_cpu_us_per_delivery": cpu,
+        "duplicates": sum(int(r["duplicates"] or 0) for r in reports),
+        "left_in_queue": sum(int(r["left_in_queue"] or 0) for r in reports),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenario", nargs="?", default="all", choices=[*SCENARIOS, "all"])
@@ -195,6 +212,10 @@ def main() -> int:
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--count", type=int, help="deliveries (default: the scenario's)")
     parser.add_argument("--max-in-flight", type=int, default=512)
+    parser.add_argument(
+        "--repeat", type=int, default=1,
+        help="runs of each scenario (alternating with 'all'), then each one's median: on a "
+             "shared 2-core machine single runs vary by 10-20%%")
     args = parser.parse_args()
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
 
@@ -207,13 +228,19 @@ def main() -> int:
         admin_dsn = server.dsn
     reports = ROOT / "bench" / "reports"
     reports.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     try:
-        for name in names:
-            report = run_scenario(name, admin_dsn, args)
-            text = json.dumps(report, indent=2)
-            print(text, flush=True)
-            stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-            (reports / f"{name}-{stamp}.json").write_text(text + "\n")
+        for _ in range(args.repeat):
+            for name in names:
+                report = run_scenario(name, admin_dsn, args)
+                runs[name].append(report)
+                text = json.dumps(report, indent=2)
+                print(text, flush=True)
+                stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+                (reports / f"{name}-{stamp}.json").write_text(text + "\n")
+        if args.repeat > 1:
+            print(json.dumps({name: summary(reports) for name, reports in runs.items()}),
+                  flush=True)
     finally:
         if server is not None:
             server.stop()
