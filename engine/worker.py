@@ -361,7 +361,9 @@ class DeliveryWorker:
             )
         except ValueError as exc:  # a malformed secret: a failed attempt, not a crash
             self._add_result(self._failure(claim, _utcnow(), None, None, f"signing: {exc}"))
-            self._finished(slots, claim.destination_id)
+            # From the loop, not from here: _finished starts the next waiting claim, which
+            # may fail the same way, and a long run of them must not recurse.
+            self.loop.call_soon(self._finished, slots, claim.destination_id)
             return
         timeout_ms = min(claim.timeout_ms, self.settings.max_timeout_ms)
         self.sending += 1

@@ -4,6 +4,7 @@ package."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import signal
 import time
@@ -20,7 +21,7 @@ from engine.config import load_settings
 from engine.http_client import HttpResult
 from engine.queue import Claim, EventIn, Result
 from engine.signing import generate_secret
-from engine.worker import DeliveryWorker
+from engine.worker import DeliveryWorker, _DestinationSlots
 from tests.enginerun import Engine, wait_until
 from tests.fakedest import FakeDestination
 from tests.test_queue import add_destination
@@ -299,6 +300,33 @@ def test_outcome_mapping_bounds_retry_after_and_stored_bodies() -> None:
     assert dt.timedelta(seconds=119) < honoured - now < dt.timedelta(seconds=125)
     assert dt.timedelta(minutes=59) < bounded - now <= dt.timedelta(hours=1, seconds=5)
     assert ignored - now < dt.timedelta(seconds=5)
+
+
+def test_a_long_run_of_unsignable_ready_claims_each_fails_once() -> None:
+    # A secret that cannot sign (written past the API's checks) fails the attempt without
+    # any HTTP. Thousands of such claims waiting in `ready` behind a busy slot go out when
+    # it frees: each must fail on its own, not by recursing into the next one.
+    async def scenario() -> DeliveryWorker:
+        worker = DeliveryWorker(load_settings(retry_schedule="1s"), "postgresql://unused")
+        worker.loop = asyncio.get_running_loop()
+        worker.room, worker.flush_wanted = asyncio.Event(), asyncio.Event()
+        worker.capacity, worker.sending = 1, 0  # the one slot's request just answered
+        runs = 3000
+        worker.ready.extend(
+            (Claim(i, i, 1, 1, "http://127.0.0.1:9/", 1000, ["not-a-secret"], "{}"), 0.0)
+            for i in range(runs))
+        worker.held = runs + 1
+        slots = worker.destinations[1] = _DestinationSlots()
+        slots.active = 1
+        worker._finished(slots, 1)
+        await asyncio.sleep(0.05)
+        return worker
+
+    worker = asyncio.run(scenario())
+    assert (worker.held, len(worker.ready), worker.sending) == (0, 0, 0)
+    assert len(worker.results) == 3000
+    assert all(r.outcome == "retry" and (r.error or "").startswith("signing: ")
+               for r in worker.results)
 
 
 def test_a_lease_shorter_than_the_longest_request_is_refused(tmp_path: Path) -> None:
