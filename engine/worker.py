@@ -181,13 +181,9 @@ class DeliveryWorker:
             await claimer
         sweeper.cancel()
         unsent = 0
-        while self.ready:
-            claim, _ = self.ready.popleft()
-            self._release(claim)
-            unsent += 1
-        for slots in self.destinations.values():
-            while slots.waiting:
-                claim, _ = slots.waiting.popleft()
+        for waiting in self._waiting_queues():
+            while waiting:
+                claim, _ = waiting.popleft()
                 self._release(claim)
                 unsent += 1
         if self.sending:
@@ -408,6 +404,10 @@ class DeliveryWorker:
         if self._room_to_claim():
             self.room.set()
 
+    def _waiting_queues(self) -> list[deque[tuple[Claim, float]]]:
+        """Claims not yet sent: waiting for any free slot, or for their destination's."""
+        return [self.ready, *(slots.waiting for slots in self.destinations.values())]
+
     def _release(self, claim: Claim) -> None:
         """Give back a claim that was never sent: the attempt is undone."""
         self.held -= 1
@@ -456,7 +456,7 @@ class DeliveryWorker:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             now = time.monotonic()
-            for waiting in [self.ready, *(s.waiting for s in self.destinations.values())]:
+            for waiting in self._waiting_queues():
                 while waiting:
                     claim, since = waiting[0]
                     allowed_ms = lease_ms - claim.timeout_ms - LEASE_SAFETY_MS
