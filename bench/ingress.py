@@ -53,6 +53,12 @@ PGBENCH_SCRIPT = (
 )
 TARGET_RATE = 1000  # events/s for the latency phase
 LATENCY_USERS = 50
+# The latency phase's load: LATENCY_USERS producers, TARGET_RATE events/s in all. wrk has
+# no fixed rate: each connection pauses after each answer.
+PACED_LOCUST: dict[str, Any] = {
+    "mode": "single", "users": LATENCY_USERS, "user_rps": TARGET_RATE / LATENCY_USERS}
+PACED_WRK: dict[str, Any] = {
+    "mode": "single", "connections": LATENCY_USERS, "delay_ms": 1000 * LATENCY_USERS / TARGET_RATE}
 WARM_UP_S = 5
 
 
@@ -403,8 +409,7 @@ def main() -> int:
         # this machine.
         with noop_server() as noop:
             report["load_generator_alone_latency"] = run_locust(
-                noop, mode="single", users=LATENCY_USERS, seconds=args.duration,
-                user_rps=TARGET_RATE / LATENCY_USERS)
+                noop, seconds=args.duration, **PACED_LOCUST)
             client_before = _children_cpu()
             alone = run_locust(noop, mode="single", users=args.ceiling_users,
                                seconds=args.duration)
@@ -426,23 +431,19 @@ def main() -> int:
             phases = report["phases"] = {}
             # Steady state: the first seconds of a fresh engine (connections opening,
             # statements prepared after a few runs) are not what a producer sees later.
-            if run_wrk(base, mode="single", connections=LATENCY_USERS, seconds=WARM_UP_S,
-                       delay_ms=1000 * LATENCY_USERS / TARGET_RATE) is None:
-                run_locust(base, mode="single", users=LATENCY_USERS, seconds=WARM_UP_S,
-                           user_rps=TARGET_RATE / LATENCY_USERS)
+            if run_wrk(base, seconds=WARM_UP_S, **PACED_WRK) is None:
+                run_locust(base, seconds=WARM_UP_S, **PACED_LOCUST)
             wait_drained(dsn)
             histogram = request_histogram(base)
             phases["latency_at_1000_per_s"] = measured(servers, lambda: run_locust(
-                base, mode="single", users=LATENCY_USERS, seconds=args.duration,
-                user_rps=TARGET_RATE / LATENCY_USERS,
+                base, seconds=args.duration, **PACED_LOCUST,
             ), "events_per_s", dsn, ingress)
             phases["latency_at_1000_per_s"]["server_side"] = server_latency(
                 histogram, histogram := request_histogram(base)
             )
             print("latency:", phases["latency_at_1000_per_s"], flush=True)
             phases["latency_wrk"] = measured(servers, lambda: run_wrk(
-                base, mode="single", connections=LATENCY_USERS, seconds=args.duration,
-                delay_ms=1000 * LATENCY_USERS / TARGET_RATE,
+                base, seconds=args.duration, **PACED_WRK,
             ), "events_per_s", dsn, ingress)
             if phases["latency_wrk"] is not None:
                 phases["latency_wrk"]["server_side"] = server_latency(
