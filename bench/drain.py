@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import itertools
 import json
 import os
 import shutil
@@ -193,10 +194,15 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
             pg_cpu = cpu_delta(pg_before, tree_cpu(pg_pid))
             dest_cpu = cpu_delta(dest_before, tree_cpu(dest.pid))
             load_after = os.getloadavg()
+            arrivals = sorted(dest.arrivals("drain").values())
         finally:
             engine.send_signal(signal.SIGTERM)
             engine.wait(60)
         pending = conn.execute("SELECT count(*) FROM deliveries").fetchone()
+        attempt_ms = conn.execute(
+            "SELECT percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY duration_ms)"
+            "  FROM delivery_attempts"
+        ).fetchone()
         finished = conn.execute(
             "SELECT count(*) FROM finished_deliveries WHERE status = 'delivered'"
         ).fetchone()
@@ -214,6 +220,11 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
         "span_s": round(span_s, 3),
         "deliveries_per_s": round(delivered / span_s) if span_s > 0 else None,
         "max_in_flight_at_destination": stats.get("max_concurrent"),
+        # Request times as the engine measured them (from the start of the request to
+        # its answer), and when the destination first saw each delivery: a ramp, a stall
+        # (a slow WAL fsync holds every commit) or bursts show here, not in the rate.
+        "attempt_ms_p50_p90_p99": attempt_ms[0] if attempt_ms else None,
+        **arrival_timeline(arrivals),
         "cpu_s": {
             "engine": round(engine_cpu, 2),
             "postgres": round(pg_cpu, 2),
@@ -231,6 +242,17 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
         "destination_warm_up_requests": args.warm,
         "engine_command": " ".join(command[1:]),
     }
+
+
+def arrival_timeline(arrivals_ms: list[int]) -> dict[str, object]:
+    """First arrivals per 50 ms from the first one on, and the longest gap between two."""
+    if not arrivals_ms:
+        return {"arrivals_per_50ms": [], "longest_arrival_gap_ms": None}
+    buckets = [0] * ((arrivals_ms[-1] - arrivals_ms[0]) // 50 + 1)
+    for at in arrivals_ms:
+        buckets[(at - arrivals_ms[0]) // 50] += 1
+    gaps = [b - a for a, b in itertools.pairwise(arrivals_ms)]
+    return {"arrivals_per_50ms": buckets, "longest_arrival_gap_ms": max(gaps, default=0)}
 
 
 def summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
