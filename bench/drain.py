@@ -57,7 +57,6 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ENQUEUE_BATCH = 5000
 # Requests sent to a fresh fake destination before the engine starts (see warm_destination).
 WARM_REQUESTS = 20_000
-WARM_CONCURRENCY = 64
 TIMEOUT_S = 300.0
 # About 1 KB of JSON, as in the peers' measurements.
 PAYLOAD = json.dumps({"type": "order.created", "data": {"items": ["x" * 40] * 20, "n": 0}})
@@ -84,15 +83,16 @@ def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(value - before.get(pid, 0.0) for pid, value in after.items())
 
 
-def warm_destination(url: str, count: int) -> None:
-    """POST `count` requests shaped like deliveries to a fresh fake destination. Node
-    compiles its HTTP path only after thousands of requests: a cold one spends ~50% more
-    CPU per answer during the first ~300 ms of a run, which is Node's warm-up, not the
+def warm_destination(url: str, count: int, connections: int) -> None:
+    """POST `count` requests shaped like deliveries to a fresh fake destination, over as
+    many connections as the engine will open. Node compiles its HTTP path, and its path
+    for a new connection, only after thousands of uses: a cold one spends ~50% more CPU
+    per answer during the first ~300 ms of a run, which is Node's warm-up, not the
     engine's work (a customer's endpoint has long been running)."""
     body = PAYLOAD.encode()
 
     async def send_all() -> None:
-        pool = CurlPool(max_connects=WARM_CONCURRENCY)
+        pool = CurlPool(max_connects=connections)
         finished = asyncio.get_running_loop().create_future()
         started = answered = 0
 
@@ -111,7 +111,7 @@ def warm_destination(url: str, count: int) -> None:
             elif answered == count and not finished.done():
                 finished.set_result(None)
 
-        for _ in range(min(WARM_CONCURRENCY, count)):
+        for _ in range(min(connections, count)):
             send_next()
         await finished
         await pool.close()
@@ -146,7 +146,7 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
         FakeDestination(extra_args=["--keep", "0"]) as dest,
         psycopg.connect(dsn, autocommit=True) as conn,
     ):
-        warm_destination(dest.url("fast/warm-up"), args.warm)
+        warm_destination(dest.url("fast/warm-up"), args.warm, args.procs * args.max_in_flight)
         row = conn.execute(
             "INSERT INTO destinations (url, secret) VALUES (%s, %s) RETURNING id",
             (dest.url(path), SECRET),
