@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 import psycopg
@@ -175,26 +175,8 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
         load_before = os.getloadavg()
         engine = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + TIMEOUT_S
-            # CPU is counted from the first delivery on: engine start-up (imports,
-            # migrations, forks) is not per-delivery work.
-            while time.monotonic() < deadline and not dest.name_stats("drain").get("requests"):
-                time.sleep(0.005)
-            engine_before = tree_cpu(engine.pid)
-            pg_before = tree_cpu(pg_pid)
-            dest_before = tree_cpu(dest.pid)
-            delivered_before = int(dest.name_stats("drain").get("delivered_ids", 0))
-            stats: dict[str, object] = {}
-            while time.monotonic() < deadline:
-                stats = dest.name_stats("drain")
-                if int(stats.get("delivered_ids", 0)) >= count:  # type: ignore[call-overload]
-                    break
-                time.sleep(0.1)
-            engine_cpu = cpu_delta(engine_before, tree_cpu(engine.pid))
-            pg_cpu = cpu_delta(pg_before, tree_cpu(pg_pid))
-            dest_cpu = cpu_delta(dest_before, tree_cpu(dest.pid))
-            load_after = os.getloadavg()
-            arrivals = sorted(dest.arrivals("drain").values())
+            watched = watch_drain(dest, count, {
+                "engine": [engine.pid], "postgres": [pg_pid], "destination": [dest.pid]}, [engine])
         finally:
             engine.send_signal(signal.SIGTERM)
             engine.wait(60)
@@ -207,40 +189,88 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
             "SELECT count(*) FROM finished_deliveries WHERE status = 'delivered'"
         ).fetchone()
 
-    delivered = int(stats.get("delivered_ids", 0))  # type: ignore[call-overload]
-    span_s = (int(stats["last_request_ms"]) - int(stats["first_request_ms"])) / 1000  # type: ignore[call-overload]
-    per_delivery = 1e6 / max(delivered - delivered_before, 1)
     return {
         "scenario": name,
         "deliveries": count,
-        "delivered_at_destination": delivered,
         "recorded_delivered": finished[0] if finished else None,
         "left_in_queue": pending[0] if pending else None,
-        "duplicates": stats.get("duplicates"),
-        "span_s": round(span_s, 3),
-        "deliveries_per_s": round(delivered / span_s) if span_s > 0 else None,
-        "max_in_flight_at_destination": stats.get("max_concurrent"),
+        **drain_report(watched),
         # Request times as the engine measured them (from the start of the request to
-        # its answer), and when the destination first saw each delivery: a ramp, a stall
-        # (a slow WAL fsync holds every commit) or bursts show here, not in the rate.
+        # its answer).
         "attempt_ms_p50_p90_p99": attempt_ms[0] if attempt_ms else None,
-        **arrival_timeline(arrivals),
-        "cpu_s": {
-            "engine": round(engine_cpu, 2),
-            "postgres": round(pg_cpu, 2),
-            "destination": round(dest_cpu, 2),
-        },
-        "cpu_us_per_delivery": {
-            "engine": round(engine_cpu * per_delivery, 1),
-            "postgres": round(pg_cpu * per_delivery, 1),
-            "destination": round(dest_cpu * per_delivery, 1),
-        },
         "load_avg_before": load_before,
-        "load_avg_after": load_after,
+        "load_avg_after": os.getloadavg(),
         "cpus": os.cpu_count(),
         "postgres": settings,
         "destination_warm_up_requests": args.warm,
         "engine_command": " ".join(command[1:]),
+    }
+
+
+class Watched(NamedTuple):
+    stats: dict[str, Any]  # the fake destination's counters for the drained name
+    cpu_s: dict[str, float]  # CPU seconds per part, from the first delivery on
+    delivered_before: int  # delivered when CPU counting began
+    arrivals_ms: list[int]
+
+
+def watch_drain(
+    dest: FakeDestination, count: int, parts: dict[str, list[int]],
+    senders: list[subprocess.Popen[bytes]],
+) -> Watched:
+    """Wait until the destination has `count` deliveries for "drain"; CPU of each part's
+    process trees counted from the first delivery on: start-up (imports, migrations,
+    forks) is not per-delivery work. RuntimeError if a sender exits first."""
+    deadline = time.monotonic() + TIMEOUT_S
+
+    def check_senders() -> None:
+        if any(sender.poll() is not None for sender in senders):
+            codes = [sender.poll() for sender in senders]
+            raise RuntimeError(f"a sending process exited before the drain was done: {codes}")
+
+    while time.monotonic() < deadline and not dest.name_stats("drain").get("requests"):
+        check_senders()
+        time.sleep(0.005)
+    before = parts_cpu(parts)
+    delivered_before = int(dest.name_stats("drain").get("delivered_ids", 0))
+    stats: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        stats = dest.name_stats("drain")
+        if int(stats.get("delivered_ids", 0)) >= count:
+            break
+        check_senders()
+        time.sleep(0.1)
+    after = parts_cpu(parts)
+    cpu_s = {part: cpu_delta(before[part], after[part]) for part in parts}
+    return Watched(stats, cpu_s, delivered_before, sorted(dest.arrivals("drain").values()))
+
+
+def parts_cpu(parts: dict[str, list[int]]) -> dict[str, dict[int, float]]:
+    return {
+        part: {child: s for pid in pids for child, s in tree_cpu(pid).items()}
+        for part, pids in parts.items()
+    }
+
+
+def drain_report(watched: Watched) -> dict[str, object]:
+    """What the destination saw: rate from its first to its last request, duplicates,
+    concurrency, the arrivals' shape (a ramp, a stall or bursts show here, not in the
+    rate) and CPU per delivery of each part."""
+    stats = watched.stats
+    delivered = int(stats.get("delivered_ids", 0))
+    span_s = (int(stats["last_request_ms"]) - int(stats["first_request_ms"])) / 1000
+    per_delivery = 1e6 / max(delivered - watched.delivered_before, 1)
+    return {
+        "delivered_at_destination": delivered,
+        "duplicates": stats.get("duplicates"),
+        "span_s": round(span_s, 3),
+        "deliveries_per_s": round(delivered / span_s) if span_s > 0 else None,
+        "max_in_flight_at_destination": stats.get("max_concurrent"),
+        **arrival_timeline(watched.arrivals_ms),
+        "cpu_s": {part: round(seconds, 2) for part, seconds in watched.cpu_s.items()},
+        "cpu_us_per_delivery": {
+            part: round(seconds * per_delivery, 1) for part, seconds in watched.cpu_s.items()
+        },
     }
 
 

@@ -15,11 +15,12 @@ case "$scenario" in
                          python bench/drain.py drain-slow "$@" ;;
     dead-destination)    python bench/dead_destination.py "$@" ;;
     ingress)             python bench/ingress.py "$@" ;;
+    peers)               python bench/peers.py "$@" ;;
     claim-latency)       python bench/claim_latency.py "$@" ;;
     completion-strategy) python bench/completion_strategy.py "$@" ;;
     *)
         echo "bench/run.sh: unknown scenario '$scenario'" >&2
         echo "scenarios: throughput drain-fast drain-slow slow-destination dead-destination" \
-             "ingress claim-latency completion-strategy" >&2
+             "ingress peers claim-latency completion-strategy" >&2
         exit 2 ;;
 esac

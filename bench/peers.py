@@ -1,0 +1,206 @@
+"""The engine against pgqueuer, the fastest peer the issue measured, in pairs of runs.
+
+    python bench/peers.py [drain-fast|drain-slow|all] [--repeat N] [--dsn URL] [--procs 2]
+                          [--peer-in-flight 100] [--peer-batch-size 10] [--warm N]
+
+Each pair drains the same backlog twice on the same PostgreSQL server, one run right after
+the other: first the engine (bench/drain.py's scenario, unchanged: `engine --procs N`,
+default settings), then pgqueuer (bench/peer_pgqueuer.py, N worker processes with
+asyncpg, uvloop and aiohttp, --peer-in-flight jobs each; the issue measured it at 100).
+Both POST the same ~1 KB of JSON to a fresh fake destination warmed up the same way, and
+both are timed the same way: from the first to the last request the destination saw.
+Reported per pair: both rates, CPU per delivery, and engine / pgqueuer. On this shared
+2-core machine the speed drifts by up to 25% from one quarter of an hour to the next and
+moves both runs of a pair alike, so the ratio says more than either rate. The issue's
+targets as ratios: drain-fast 14,000 against pgqueuer's 4,686/s is 3.0x; drain-slow
+8,000 against 1,651/s is 4.8x.
+
+JSON on stdout and under bench/reports/. Needs `pip install -e '.[bench]'` (pgqueuer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import asyncpg
+import psycopg
+from pgqueuer import AsyncpgDriver, Queries
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import drain  # noqa: E402
+from drain import FakeDestination  # noqa: E402
+from peer_pgqueuer import ENTRYPOINT  # noqa: E402
+
+PEER_DB = "engine_bench_pgqueuer"
+TARGET_RATIOS = {"drain-fast": 14_000 / 4_686, "drain-slow": 8_000 / 1_651}
+
+
+def as_url(dsn: str) -> str:
+    """asyncpg takes only URLs; psycopg's conninfo may be key=value."""
+    params = conninfo_to_dict(dsn)
+    user = quote(str(params.get("user", "")), safe="")
+    password = params.get("password")
+    auth = f"{user}:{quote(str(password), safe='')}@" if password else f"{user}@" if user else ""
+    host = str(params.get("host", "localhost"))
+    query = f"?host={quote(host, safe='')}" if host.startswith("/") else ""
+    netloc = "" if query else host + (f":{params['port']}" if "port" in params else "")
+    return f"postgresql://{auth}{netloc}/{quote(str(params.get('dbname', '')), safe='')}{query}"
+
+
+def fresh_peer_database(admin_dsn: str) -> str:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        name = sql.Identifier(PEER_DB)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+    params = conninfo_to_dict(admin_dsn)
+    params["dbname"] = PEER_DB
+    return as_url(make_conninfo(**params))
+
+
+async def install_and_enqueue(dsn: str, count: int) -> None:
+    """pgqueuer's own schema, then `count` jobs carrying the engine's payload."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        queries = Queries(AsyncpgDriver(connection))
+        await queries.install()
+        payload = drain.PAYLOAD.encode()
+        for start in range(0, count, drain.ENQUEUE_BATCH):
+            n = min(drain.ENQUEUE_BATCH, count - start)
+            await queries.enqueue([ENTRYPOINT] * n, [payload] * n, [0] * n)
+    finally:
+        await connection.close()
+
+
+def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, object]:
+    count, path = drain.SCENARIOS[name]
+    count = args.count or count
+    dsn = fresh_peer_database(admin_dsn)
+    with (
+        FakeDestination(extra_args=["--keep", "0"]) as dest,
+        psycopg.connect(dsn, autocommit=True) as conn,
+    ):
+        drain.warm_destination(
+            dest.url("fast/warm-up"), args.warm, args.procs * args.peer_in_flight)
+        asyncio.run(install_and_enqueue(dsn, count))
+        conn.execute("VACUUM ANALYZE")
+        pg_pid = drain.postmaster_pid(conn)
+        command = [
+            sys.executable, str(HERE / "peer_pgqueuer.py"), "--dsn", dsn,
+            "--url", dest.url(path), "--in-flight", str(args.peer_in_flight),
+            "--batch-size", str(args.peer_batch_size),
+        ]
+        workers = [subprocess.Popen(command) for _ in range(args.procs)]
+        try:
+            watched = drain.watch_drain(dest, count, {
+                "pgqueuer": [w.pid for w in workers], "postgres": [pg_pid],
+                "destination": [dest.pid]}, workers)
+            # Done at the destination; the completions may still be on their way.
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and conn.execute(
+                "SELECT count(*) FROM pgqueuer"
+            ).fetchone() != (0,):
+                time.sleep(0.05)
+        finally:
+            for worker in workers:
+                worker.terminate()
+            for worker in workers:
+                worker.wait(30)
+        left = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()
+    return {
+        "peer": "pgqueuer",
+        "scenario": name,
+        "deliveries": count,
+        "left_in_queue": left[0] if left else None,
+        **drain.drain_report(watched),
+        "peer_command": " ".join(command[1:]).replace(dsn, "DSN"),
+    }
+
+
+def pair_summary(name: str, engine: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "scenario": name,
+        "engine_per_s": engine["deliveries_per_s"],
+        "pgqueuer_per_s": peer["deliveries_per_s"],
+        "ratio": round(engine["deliveries_per_s"] / peer["deliveries_per_s"], 2),
+        "engine_cpu_us": engine["cpu_us_per_delivery"],
+        "pgqueuer_cpu_us": peer["cpu_us_per_delivery"],
+        "duplicates": [engine["duplicates"], peer["duplicates"]],
+        "left_in_queue": [engine["left_in_queue"], peer["left_in_queue"]],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("scenario", nargs="?", default="all", choices=[*drain.SCENARIOS, "all"])
+    parser.add_argument("--dsn", help="PostgreSQL server to use (databases are created on it)")
+    parser.add_argument("--procs", type=int, default=2, help="processes of each side")
+    parser.add_argument("--count", type=int, help="deliveries (default: the scenario's)")
+    parser.add_argument("--max-in-flight", type=int, default=512, help="the engine's")
+    parser.add_argument("--peer-in-flight", type=int, default=100)
+    parser.add_argument("--peer-batch-size", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=1, help="pairs of each scenario")
+    parser.add_argument("--warm", type=int, default=drain.WARM_REQUESTS)
+    args = parser.parse_args()
+    names = list(drain.SCENARIOS) if args.scenario == "all" else [args.scenario]
+
+    folder = None
+    server = None
+    admin_dsn = args.dsn
+    if admin_dsn is None:
+        folder = Path(tempfile.mkdtemp(prefix="engine-bench-pg-"))
+        server = drain.ensure_server(folder / "data", durable=True)
+        admin_dsn = server.dsn
+    reports = HERE / "reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    pairs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    try:
+        for _ in range(args.repeat):
+            for name in names:
+                engine = drain.run_scenario(name, admin_dsn, args)
+                time.sleep(1)
+                peer = run_peer(name, admin_dsn, args)
+                pair = pair_summary(name, engine, peer)
+                pairs[name].append(pair)
+                text = json.dumps({"pair": pair, "engine": engine, "pgqueuer": peer}, indent=2)
+                print(json.dumps(pair), flush=True)
+                stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+                (reports / f"peers-{name}-{stamp}.json").write_text(text + "\n")
+        medians = {
+            name: {
+                "ratios": [p["ratio"] for p in runs],
+                "median_ratio": statistics.median(p["ratio"] for p in runs),
+                "target_ratio": round(TARGET_RATIOS[name], 2),
+                "median_engine_per_s": statistics.median(p["engine_per_s"] for p in runs),
+                "median_pgqueuer_per_s": statistics.median(p["pgqueuer_per_s"] for p in runs),
+                "load_avg_end": os.getloadavg(),
+            }
+            for name, runs in pairs.items()
+        }
+        print(json.dumps(medians, indent=2), flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
