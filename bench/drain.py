@@ -44,6 +44,7 @@ from engine import queue  # noqa: E402
 from engine.embedded import ensure_server  # noqa: E402
 from engine.http_client import CurlPool, HttpResult  # noqa: E402
 from engine.migrate import migrate  # noqa: E402
+from engine.queries import NOTIFY_CHANNEL  # noqa: E402
 from engine.queue import EventIn  # noqa: E402
 from tests.fakedest import FakeDestination  # noqa: E402
 
@@ -57,6 +58,9 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ENQUEUE_BATCH = 5000
 # Requests sent to a fresh fake destination before the engine starts (see warm_destination).
 WARM_REQUESTS = 20_000
+# The name the engine's own warm-up deliveries go to (see --engine-warm).
+ENGINE_WARM_NAME = "engine-warm-up"
+BACKLOG_DELAY_S = 8.0  # engine start-up (imports, migrations, forks) and its warm-up
 TIMEOUT_S = 300.0
 # About 1 KB of JSON, as in the peers' measurements.
 PAYLOAD = json.dumps({"type": "order.created", "data": {"items": ["x" * 40] * 20, "n": 0}})
@@ -120,6 +124,59 @@ def warm_destination(url: str, count: int, connections: int) -> None:
         asyncio.run(send_all())
 
 
+def engine_warm_up_count(args: argparse.Namespace) -> int:
+    return args.procs * args.max_in_flight if args.engine_warm is None else args.engine_warm
+
+
+def add_destination(conn: psycopg.Connection, url: str) -> int:
+    row = conn.execute(
+        "INSERT INTO destinations (url, secret) VALUES (%s, %s) RETURNING id", (url, SECRET)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def enqueue_backlog(
+    conn: psycopg.Connection, destination: int, count: int, delay_s: float = 0,
+) -> None:
+    """`count` deliveries to `destination`, due in `delay_s`, committed at once, then the
+    NOTIFY that ingress sends after each commit."""
+    with conn.transaction():
+        for start in range(0, count, ENQUEUE_BATCH):
+            events = [
+                EventIn("order.created", PAYLOAD, [destination])
+                for _ in range(min(ENQUEUE_BATCH, count - start))
+            ]
+            queue.enqueue_events(conn, events)
+        if delay_s:
+            conn.execute(
+                "UPDATE deliveries SET next_attempt_at = now() + make_interval(secs => %s)"
+                " WHERE destination_id = %s", (delay_s, destination))
+    conn.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(NOTIFY_CHANNEL)))
+
+
+def wait_until_recorded(
+    conn: psycopg.Connection, dest: FakeDestination, destination: int, count: int,
+    engine: subprocess.Popen[bytes],
+) -> None:
+    """Until the engine's warm-up deliveries are answered and recorded, which must be
+    before the backlog falls due."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        if engine.poll() is not None:
+            raise RuntimeError(f"the engine exited during its warm-up: {engine.returncode}")
+        delivered = int(dest.name_stats(ENGINE_WARM_NAME).get("delivered_ids", 0))
+        if delivered >= count and conn.execute(
+            "SELECT count(*) FROM deliveries WHERE destination_id = %s", (destination,)
+        ).fetchone() == (0,):
+            break
+        time.sleep(0.05)
+    if dest.name_stats("drain").get("requests"):
+        raise RuntimeError(
+            f"the engine's warm-up was not done within {BACKLOG_DELAY_S} s: the backlog fell "
+            "due first")
+
+
 def fresh_database(admin_dsn: str) -> str:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         name = sql.Identifier(BENCH_DB)
@@ -147,20 +204,13 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
         psycopg.connect(dsn, autocommit=True) as conn,
     ):
         warm_destination(dest.url("fast/warm-up"), args.warm, args.procs * args.max_in_flight)
-        row = conn.execute(
-            "INSERT INTO destinations (url, secret) VALUES (%s, %s) RETURNING id",
-            (dest.url(path), SECRET),
-        ).fetchone()
-        assert row is not None
-        destination = int(row[0])
-        for start in range(0, count, ENQUEUE_BATCH):
-            events = [
-                EventIn("order.created", PAYLOAD, [destination])
-                for _ in range(min(ENQUEUE_BATCH, count - start))
-            ]
-            with conn.transaction():
-                queue.enqueue_events(conn, events)
+        destination = add_destination(conn, dest.url(path))
+        engine_warm = engine_warm_up_count(args)
+        # With a warm-up, the backlog falls due a few seconds after the engine starts, when
+        # its warm-up deliveries are done; it is in the queue, analyzed, all the same.
+        enqueue_backlog(conn, destination, count, BACKLOG_DELAY_S if engine_warm else 0)
         conn.execute("VACUUM ANALYZE deliveries, events, destinations")
+        warm_up = add_destination(conn, dest.url(path.replace("drain", ENGINE_WARM_NAME)))
         settings = {
             key: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(key))).fetchone()[0]
             for key in ("fsync", "synchronous_commit", "server_version")
@@ -175,6 +225,9 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
         load_before = os.getloadavg()
         engine = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.DEVNULL)
         try:
+            if engine_warm:
+                enqueue_backlog(conn, warm_up, engine_warm)
+                wait_until_recorded(conn, dest, warm_up, engine_warm, engine)
             watched = watch_drain(dest, count, {
                 "engine": [engine.pid], "postgres": [pg_pid], "destination": [dest.pid]}, [engine])
         finally:
@@ -182,11 +235,13 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
             engine.wait(60)
         pending = conn.execute("SELECT count(*) FROM deliveries").fetchone()
         attempt_ms = conn.execute(
-            "SELECT percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY duration_ms)"
-            "  FROM delivery_attempts"
+            "SELECT percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY a.duration_ms)"
+            "  FROM delivery_attempts a JOIN finished_deliveries f ON f.id = a.delivery_id"
+            " WHERE f.destination_id = %s", (destination,)
         ).fetchone()
         finished = conn.execute(
-            "SELECT count(*) FROM finished_deliveries WHERE status = 'delivered'"
+            "SELECT count(*) FROM finished_deliveries"
+            " WHERE status = 'delivered' AND destination_id = %s", (destination,)
         ).fetchone()
 
     return {
@@ -203,6 +258,7 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
         "cpus": os.cpu_count(),
         "postgres": settings,
         "destination_warm_up_requests": args.warm,
+        "engine_warm_up_deliveries": engine_warm,
         "engine_command": " ".join(command[1:]),
     }
 
@@ -314,6 +370,12 @@ def main() -> int:
     parser.add_argument(
         "--warm", type=int, default=WARM_REQUESTS,
         help="requests that warm up the fake destination before each run (0: none)")
+    parser.add_argument(
+        "--engine-warm", type=int,
+        help="deliveries the engine sends to the destination's host (under another name) "
+             "before the backlog falls due, so that its connections are open: the drain of "
+             "a running engine (default: --procs x --max-in-flight). 0: the backlog is due "
+             "when the engine starts, and the run includes opening every connection")
     args = parser.parse_args()
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
 

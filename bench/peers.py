@@ -2,18 +2,19 @@
 
     python bench/peers.py [drain-fast|drain-slow|all] [--repeat N] [--dsn URL] [--procs 2]
                           [--peer-in-flight 100] [--peer-batch-size 10] [--warm N]
+                          [--engine-warm N]
 
 Each pair drains the same backlog twice on the same PostgreSQL server, one run right after
-the other: first the engine (bench/drain.py's scenario, unchanged: `engine --procs N`,
-default settings), then pgqueuer (bench/peer_pgqueuer.py, N worker processes with
-asyncpg, uvloop and aiohttp, --peer-in-flight jobs each; the issue measured it at 100).
-Both POST the same ~1 KB of JSON to a fresh fake destination warmed up the same way, and
-both are timed the same way: from the first to the last request the destination saw.
-Reported per pair: both rates, CPU per delivery, and engine / pgqueuer. On this shared
-2-core machine the speed drifts by up to 25% from one quarter of an hour to the next and
-moves both runs of a pair alike, so the ratio says more than either rate. The issue's
-targets as ratios: drain-fast 14,000 against pgqueuer's 4,686/s is 3.0x; drain-slow
-8,000 against 1,651/s is 4.8x.
+the other: first the engine (bench/drain.py's scenario, unchanged: `engine --procs N` with
+default settings), then pgqueuer (bench/peer_pgqueuer.py: N worker processes with asyncpg,
+uvloop and aiohttp, --peer-in-flight jobs each; the issue measured it at 100). Both POST
+the same ~1 KB of JSON to a fresh fake destination warmed up the same way, and both are
+timed the same way: from the first to the last request the destination saw. Reported per
+pair: both rates, CPU per delivery, and engine / pgqueuer. On this shared 2-core machine
+the speed drifts by up to 25% from one quarter of an hour to the next and moves both runs
+of a pair alike, so the ratio says more than either rate. The issue's targets as ratios:
+drain-fast 14,000 against pgqueuer's 4,686/s is 3.0x; drain-slow 8,000 against 1,651/s
+is 4.8x.
 
 JSON on stdout and under bench/reports/. Needs `pip install -e '.[bench]'` (pgqueuer).
 """
@@ -74,18 +75,35 @@ def fresh_peer_database(admin_dsn: str) -> str:
     return as_url(make_conninfo(**params))
 
 
-async def install_and_enqueue(dsn: str, count: int) -> None:
-    """pgqueuer's own schema, then `count` jobs carrying the engine's payload."""
+async def install(dsn: str) -> None:
+    connection = await asyncpg.connect(dsn)
+    try:
+        await Queries(AsyncpgDriver(connection)).install()
+    finally:
+        await connection.close()
+
+
+async def enqueue(dsn: str, count: int) -> None:
+    """`count` jobs carrying the engine's payload, committed at once."""
     connection = await asyncpg.connect(dsn)
     try:
         queries = Queries(AsyncpgDriver(connection))
-        await queries.install()
         payload = drain.PAYLOAD.encode()
-        for start in range(0, count, drain.ENQUEUE_BATCH):
-            n = min(drain.ENQUEUE_BATCH, count - start)
-            await queries.enqueue([ENTRYPOINT] * n, [payload] * n, [0] * n)
+        async with connection.transaction():
+            for start in range(0, count, drain.ENQUEUE_BATCH):
+                n = min(drain.ENQUEUE_BATCH, count - start)
+                await queries.enqueue([ENTRYPOINT] * n, [payload] * n, [0] * n)
     finally:
         await connection.close()
+
+
+def wait_until_empty(conn: psycopg.Connection, timeout_s: float) -> None:
+    """Until pgqueuer has recorded every job done (its completions are buffered)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and conn.execute(
+        "SELECT count(*) FROM pgqueuer"
+    ).fetchone() != (0,):
+        time.sleep(0.05)
 
 
 def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, object]:
@@ -98,7 +116,12 @@ def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, o
     ):
         drain.warm_destination(
             dest.url("fast/warm-up"), args.warm, args.procs * args.peer_in_flight)
-        asyncio.run(install_and_enqueue(dsn, count))
+        asyncio.run(install(dsn))
+        # The backlog is due when the workers start: pgqueuer opens 200 connections, not
+        # 1,024, and a warm-up as the engine's (the backlog due only after it) would cost it
+        # more than it saves: ANALYZE then sees no job due, and its dequeue plan for the
+        # backlog spends 2.4 times the PostgreSQL CPU per job (356 against ~150 µs).
+        asyncio.run(enqueue(dsn, count))
         conn.execute("VACUUM ANALYZE")
         pg_pid = drain.postmaster_pid(conn)
         command = [
@@ -112,11 +135,7 @@ def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, o
                 "pgqueuer": [w.pid for w in workers], "postgres": [pg_pid],
                 "destination": [dest.pid]}, workers)
             # Done at the destination; the completions may still be on their way.
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and conn.execute(
-                "SELECT count(*) FROM pgqueuer"
-            ).fetchone() != (0,):
-                time.sleep(0.05)
+            wait_until_empty(conn, 10)
         finally:
             for worker in workers:
                 worker.terminate()
@@ -157,6 +176,9 @@ def main() -> int:
     parser.add_argument("--peer-batch-size", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=1, help="pairs of each scenario")
     parser.add_argument("--warm", type=int, default=drain.WARM_REQUESTS)
+    parser.add_argument(
+        "--engine-warm", type=int,
+        help="the engine's warm-up deliveries, as in bench/drain.py")
     args = parser.parse_args()
     names = list(drain.SCENARIOS) if args.scenario == "all" else [args.scenario]
 
