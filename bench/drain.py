@@ -381,6 +381,9 @@ def main() -> int:
              "before the backlog falls due, so that its connections are open: the drain of "
              "a running engine (default: --procs x --max-in-flight). 0: the backlog is due "
              "when the engine starts, and the run includes opening every connection")
+    parser.add_argument(
+        "--reports", type=Path, default=ROOT / "bench" / "reports",
+        help="folder for the JSON reports")
     args = parser.parse_args()
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
 
@@ -391,7 +394,7 @@ def main() -> int:
         folder = Path(tempfile.mkdtemp(prefix="engine-bench-pg-"))
         server = ensure_server(folder / "data", durable=True)
         admin_dsn = server.dsn
-    reports = ROOT / "bench" / "reports"
+    reports = args.reports
     reports.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     try:
