@@ -26,12 +26,10 @@ import datetime as dt
 import itertools
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -44,8 +42,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import benchdb  # noqa: E402
+
 from engine import queue  # noqa: E402
-from engine.embedded import ensure_server  # noqa: E402
 from engine.http_client import CurlPool, HttpResult  # noqa: E402
 from engine.migrate import migrate  # noqa: E402
 from engine.queries import NOTIFY_CHANNEL  # noqa: E402
@@ -346,6 +345,14 @@ def arrival_timeline(arrivals_ms: list[int]) -> dict[str, object]:
     return {"arrivals_per_50ms": buckets, "longest_arrival_gap_ms": max(gaps, default=0)}
 
 
+def save_report(folder: Path, name: str, report: dict[str, Any]) -> str:
+    """Write the report as `<name>-<UTC stamp>.json` in `folder`; returns its JSON."""
+    text = json.dumps(report, indent=2)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    (folder / f"{name}-{stamp}.json").write_text(text + "\n")
+    return text
+
+
 def summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Each run's deliveries/s and the medians of a repeated scenario."""
     rates = [int(r["deliveries_per_s"]) for r in reports]
@@ -387,33 +394,16 @@ def main() -> int:
     args = parser.parse_args()
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
 
-    folder = None
-    server = None
-    admin_dsn = args.dsn
-    if admin_dsn is None:
-        folder = Path(tempfile.mkdtemp(prefix="engine-bench-pg-"))
-        server = ensure_server(folder / "data", durable=True)
-        admin_dsn = server.dsn
-    reports = args.reports
-    reports.mkdir(parents=True, exist_ok=True)
+    args.reports.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    try:
+    with benchdb.server(args.dsn) as admin_dsn:
         for _ in range(args.repeat):
             for name in names:
                 report = run_scenario(name, admin_dsn, args)
                 runs[name].append(report)
-                text = json.dumps(report, indent=2)
-                print(text, flush=True)
-                stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-                (reports / f"{name}-{stamp}.json").write_text(text + "\n")
-        if args.repeat > 1:
-            print(json.dumps({name: summary(reports) for name, reports in runs.items()}),
-                  flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+                print(save_report(args.reports, name, report), flush=True)
+    if args.repeat > 1:
+        print(json.dumps({name: summary(reports) for name, reports in runs.items()}), flush=True)
     return 0
 
 

@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +42,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import benchdb  # noqa: E402
 import drain  # noqa: E402
 from drain import FakeDestination  # noqa: E402
 from peer_pgqueuer import ENTRYPOINT  # noqa: E402
@@ -182,17 +180,10 @@ def main() -> int:
     args = parser.parse_args()
     names = list(drain.SCENARIOS) if args.scenario == "all" else [args.scenario]
 
-    folder = None
-    server = None
-    admin_dsn = args.dsn
-    if admin_dsn is None:
-        folder = Path(tempfile.mkdtemp(prefix="engine-bench-pg-"))
-        server = drain.ensure_server(folder / "data", durable=True)
-        admin_dsn = server.dsn
     reports = HERE / "reports"
     reports.mkdir(parents=True, exist_ok=True)
     pairs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    try:
+    with benchdb.server(args.dsn) as admin_dsn:
         for _ in range(args.repeat):
             for name in names:
                 engine = drain.run_scenario(name, admin_dsn, args)
@@ -200,27 +191,21 @@ def main() -> int:
                 peer = run_peer(name, admin_dsn, args)
                 pair = pair_summary(name, engine, peer)
                 pairs[name].append(pair)
-                text = json.dumps({"pair": pair, "engine": engine, "pgqueuer": peer}, indent=2)
+                drain.save_report(
+                    reports, f"peers-{name}", {"pair": pair, "engine": engine, "pgqueuer": peer})
                 print(json.dumps(pair), flush=True)
-                stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-                (reports / f"peers-{name}-{stamp}.json").write_text(text + "\n")
-        medians = {
-            name: {
-                "ratios": [p["ratio"] for p in runs],
-                "median_ratio": statistics.median(p["ratio"] for p in runs),
-                "target_ratio": round(TARGET_RATIOS[name], 2),
-                "median_engine_per_s": statistics.median(p["engine_per_s"] for p in runs),
-                "median_pgqueuer_per_s": statistics.median(p["pgqueuer_per_s"] for p in runs),
-                "load_avg_end": os.getloadavg(),
-            }
-            for name, runs in pairs.items()
+    medians = {
+        name: {
+            "ratios": [p["ratio"] for p in runs],
+            "median_ratio": statistics.median(p["ratio"] for p in runs),
+            "target_ratio": round(TARGET_RATIOS[name], 2),
+            "median_engine_per_s": statistics.median(p["engine_per_s"] for p in runs),
+            "median_pgqueuer_per_s": statistics.median(p["pgqueuer_per_s"] for p in runs),
+            "load_avg_end": os.getloadavg(),
         }
-        print(json.dumps(medians, indent=2), flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+        for name, runs in pairs.items()
+    }
+    print(json.dumps(medians, indent=2), flush=True)
     return 0
 
 
