@@ -86,8 +86,6 @@ def _count_events(dsn: str) -> int:
     return int(row[0])
 
 
-# too_slow only: it times data generation, which a starved core slows down. The fixtures
-# are module-scoped and the filter rarely rejects, so the other checks stay on.
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies)
 def test_random_bodies_are_refused_without_writing_or_accepted_once(
