@@ -133,6 +133,7 @@ def record_params(
         breaker.base_pause_ms,
         breaker.max_pause_ms,
         BREAKER_LOCK_CLASS,
+        queries.NOTIFY_CHANNEL,
     )
 
 

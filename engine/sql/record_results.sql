@@ -7,6 +7,7 @@
 --      next_attempt_at (retry and gone)
 --   $3 breaker threshold int, $4 breaker base pause ms int, $5 breaker max pause ms int
 --   $6 advisory lock class int (the key space of "updating this destination's breaker")
+--   $7 notification channel text: the one idle workers LISTEN on (engine.queries)
 --
 -- One JSON document, not one array per column: psycopg builds each array element by
 -- element in Python (6 us per result, a tenth of a worker's CPU per delivery), while the
@@ -166,9 +167,17 @@ WITH result AS (
            in_flight = dest.in_flight - s.slots_freed
       FROM serialized s
      WHERE dest.id = s.destination_id
- RETURNING dest.id, dest.breaker, s.breaker_changes
+ RETURNING dest.id, dest.breaker, s.breaker_changes,
+           dest.in_flight + s.slots_freed >= dest.max_in_flight AS was_full
 )
 SELECT (SELECT count(*) FROM applied) + (SELECT count(*) FROM requeued
                                          WHERE outcome = 'released') AS applied,
        (SELECT count(*) FROM breaker WHERE breaker = 'open' AND breaker_changes)
-           AS breakers_opened
+           AS breakers_opened,
+       -- A destination whose cap was full has had claims turned away: the workers that
+       -- came back short wait for a notification (or their poll), so tell them its slots
+       -- are free again, as ingress does for new deliveries. Without it a binding cap
+       -- was refilled once per poll interval. (Notifications of one transaction with the
+       -- same payload are delivered once.)
+       (SELECT count(*) FROM (SELECT pg_notify($7, '') FROM breaker WHERE was_full) n)
+           AS claimers_woken
