@@ -282,7 +282,7 @@ def test_hanging_requests_hold_no_database_connections(
         hanging = add_destination(conn, url=fake.url("dead/pg"), timeout_ms=25_000)
         enqueue(conn, ["{}"] * 300, [hanging])
         with engine(dsn, tmp_path, config, "--procs", str(procs), "--drain-deadline", "1"):
-            wait_until(lambda: fake.name_stats("pg").get("in_flight", 0) == 300, 30,
+            wait_until(lambda: fake.name_stats("pg").get("in_flight", 0) == 300, 60,
                        "300 hanging requests")
             dbname = conn.info.dbname
             rows = conn.execute(
