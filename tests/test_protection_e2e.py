@@ -146,8 +146,11 @@ def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
     with FakeDestination(extra_args=["--keep", "0"]) as fake, Engine(
         dsn, tmp_path, "--procs", "1", "--max-in-flight", str(capacity),
         "--bind", "127.0.0.1:0", "--allow-private-targets", "--drain-deadline", "1",
+        # Hanging requests that time out only after two minutes: room for a starved
+        # machine to drain the healthy backlog before the first of them does.
+        "--max-timeout", "120s", "--lease", "200s",
     ) as engine:
-        hanging = add_destination(conn, url=fake.url("dead/hanging"), timeout_ms=30_000)
+        hanging = add_destination(conn, url=fake.url("dead/hanging"), timeout_ms=120_000)
         healthy = add_destination(conn, url=fake.url("slow/20/healthy"))
         # The worker's first claim fills every slot before anything is known about either
         # destination: it gets exactly `share` hanging deliveries (this transaction's rows
@@ -158,7 +161,7 @@ def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
         for targets in (first, rest):
             with conn.transaction():
                 queue.enqueue_events(conn, [EventIn("t", "{}", [t]) for t in targets])
-        wait_until(lambda: fake.name_stats("healthy").get("delivered_ids", 0) >= 2000, 25,
+        wait_until(lambda: fake.name_stats("healthy").get("delivered_ids", 0) >= 2000, 110,
                    "the healthy backlog, within the hanging requests' timeout")
         stats = fake.name_stats("hanging")
         assert stats["max_concurrent"] == share, stats
