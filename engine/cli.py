@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 
-from engine import __version__
+from engine import __version__, autovacuum_advice
 from engine.config import ConfigError, Settings, load_settings
 from engine.database import describe, open_database
 from engine.migrate import SchemaTooNew, migrate, schema_version
@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(status)
     status.add_argument("--json", action="store_true", help="one JSON document")
     status.add_argument("--top", type=int, default=10, help="destinations listed (default 10)")
+    autovacuum_advice.add_parser(sub, _add_common)
     return parser
 
 
@@ -135,6 +136,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
 # Subcommands that read their own flags.
 ARG_COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "status": cmd_status,
+    "tune-autovacuum": autovacuum_advice.cmd_tune_autovacuum,
 }
 
 COMMANDS: dict[str, Callable[[Settings], int]] = {

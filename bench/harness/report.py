@@ -13,11 +13,11 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a bench machine
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-from bench.harness import stack  # noqa: E402
+from bench.harness import stack
 
 REPORTS = stack.ROOT / "bench" / "reports"
 
@@ -79,7 +79,7 @@ def _pg_line(settings: dict[str, str]) -> str:
 
 def _cell(value: object) -> str:
     if value is None:
-        return "–"
+        return "-"
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
     if isinstance(value, int):

@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 import psycopg
+import psycopg.sql
 
 from bench import benchdb
 
@@ -249,3 +250,19 @@ def run_sql(conn: psycopg.Connection, statement: str, params: Sequence[object] =
     cursor = psycopg.RawCursor(conn)
     cursor.execute(statement, params)
     return cursor.fetchall() if cursor.description else []
+
+
+@contextmanager
+def server_setting(admin_dsn: str, name: str, value: str) -> Iterator[None]:
+    """ALTER SYSTEM SET name = value and reload, reset afterwards (a server we started)."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("ALTER SYSTEM SET {} = {}").format(
+            psycopg.sql.Identifier(name), psycopg.sql.Literal(value)))
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(psycopg.sql.SQL("ALTER SYSTEM RESET {}").format(
+                psycopg.sql.Identifier(name)))
+            conn.execute("SELECT pg_reload_conf()")
