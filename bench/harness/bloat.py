@@ -9,21 +9,19 @@ autovacuum runs and their durations, the engine's claim latency p99 and what
 from __future__ import annotations
 
 import tempfile
-import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from bench.harness import stack
 from bench.harness.live import Live
 from bench.harness.report import Report, figure, figure_rows
-from engine import autovacuum_advice, queue
-from engine.queries import NOTIFY_CHANNEL
+from engine import autovacuum_advice
 from engine.status import collect_status
 from tests.fakedest import FakeDestination
 
@@ -61,25 +59,9 @@ class Variant:
     reloptions: dict[str, list[str]] = field(default_factory=dict)
 
 
-def load(variant: Variant, rate: float, stop: threading.Event) -> None:
-    """Enqueue `rate` events/s (each to FAN_OUT destinations) in 100 ms batches, as ingress
-    does: one transaction and one NOTIFY per batch."""
-    period, due = 0.1, time.monotonic()
-    with psycopg.connect(variant.dsn, autocommit=True) as conn:
-        while not stop.is_set():
-            due += period
-            count = int(rate * (variant.enqueued / rate + period)) - variant.enqueued \
-                if rate else 0
-            events = [queue.EventIn(
-                "order.created", PAYLOAD,
-                [variant.destinations[(variant.enqueued + i + k) % DESTINATIONS]
-                 for k in range(FAN_OUT)]) for i in range(max(count, 0))]
-            if events:
-                with conn.transaction():
-                    queue.enqueue_events(conn, events)
-                conn.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(NOTIFY_CHANNEL)))
-                variant.enqueued += len(events)
-            stop.wait(max(0.0, due - time.monotonic()))
+def route(variant: Variant, index: int) -> list[int]:
+    """Event `index` goes to FAN_OUT consecutive destinations of the variant."""
+    return [variant.destinations[(index + k) % DESTINATIONS] for k in range(FAN_OUT)]
 
 
 def sample(variant: Variant, conn: psycopg.Connection, at_s: float) -> dict[str, Any]:
@@ -126,8 +108,10 @@ def run(admin_dsn: str, args: Any, report: Report, live: Live) -> None:
         "variants": VARIANTS,
     }
     with ExitStack() as stack_:
-        variants = [Variant(name, stack_.enter_context(stack.fresh_database(
-            admin_dsn, f"engine_bench_bloat_{name.replace('-', '_')}"))) for name in VARIANTS]
+        live.phase("creating databases")
+        variants = [Variant(name, dsn) for name, dsn in zip(VARIANTS, stack_.enter_context(
+            stack.fresh_databases(admin_dsn, [f"engine_bench_bloat_{name.replace('-', '_')}"
+                                              for name in VARIANTS])), strict=True)]
         if args.quick and not args.dsn:
             # A 60 s soak under the stock 60 s naptime would see one autovacuum round at
             # most: --quick compresses time on the server it owns (reported in settings).
@@ -148,41 +132,34 @@ def run(admin_dsn: str, args: Any, report: Report, live: Live) -> None:
                     for i in range(DESTINATIONS)]
         live.phase("starting engines")
         for v in variants:
-            v.engine = stack_.enter_context(stack.Engine(v.dsn, 1, [
-                "--retry-schedule", RETRY_SCHEDULE, "--config", str(config)]))
-            if v.name == "xmin-held":
-                stack_.enter_context(stack.held_xmin(v.dsn))
-        stop = threading.Event()
-        loaders = [threading.Thread(target=load, args=(v, rate, stop), daemon=True)
-                   for v in variants]
+            # Niceness 0: no ingress here to give way to (the loader writes directly).
+            v.engine = stack.Engine(v.dsn, 1, ["--retry-schedule", RETRY_SCHEDULE,
+                                               "--config", str(config), "--worker-nice", "0"])
+        stack_.enter_context(stack.engines([v.engine for v in variants if v.engine]))
+        stack_.enter_context(stack.held_xmin(variants[VARIANTS.index("xmin-held")].dsn))
         conns = [stack_.enter_context(psycopg.connect(v.dsn, autocommit=True))
                  for v in variants]
         live.phase("soak")
+        loaders = [stack_.enter_context(stack.Loader(v.dsn, rate, partial(route, v), PAYLOAD))
+                   for v in variants]
         started = time.monotonic()
-        for t in loaders:
-            t.start()
         next_sample = started
-        try:
-            while (now := time.monotonic() - started) < soak_s:
+        while (now := time.monotonic() - started) < soak_s:
+            for v, conn in zip(variants, conns, strict=True):
+                watch_vacuums(v, conn, now)
+            if time.monotonic() >= next_sample:
+                next_sample += interval
                 for v, conn in zip(variants, conns, strict=True):
-                    watch_vacuums(v, conn, now)
-                if time.monotonic() >= next_sample:
-                    next_sample += interval
-                    for v, conn in zip(variants, conns, strict=True):
-                        if v.engine is None or not v.engine.alive():
-                            raise stack.BenchError(f"the {v.name} engine exited mid-soak")
-                        v.samples.append(sample(v, conn, now))
-                    live.figures(" | ".join(
-                        f"{v.name}: dead {v.samples[-1]['tables']['deliveries']['dead']:,}"
-                        for v in variants))
-                time.sleep(0.5)
-        finally:
-            stop.set()
-            for t in loaders:
-                t.join(10)
-        delivered = dest.stats()["totals"]
-    report.data["destination"] = {k: delivered.get(k) for k in (
-        "requests", "delivered_ids", "duplicates", "sig_ok", "sig_bad", "responses")}
+                    if v.engine is None or not v.engine.alive():
+                        raise stack.BenchError(f"the {v.name} engine exited mid-soak")
+                    v.samples.append(sample(v, conn, now))
+                live.figures(" | ".join(
+                    f"{v.name}: dead {v.samples[-1]['tables']['deliveries']['dead']:,}"
+                    for v in variants))
+            time.sleep(0.5)
+        for v, loader in zip(variants, loaders, strict=True):
+            v.enqueued = loader.enqueued
+        report.data["destination"] = stack.destination_totals(dest)
     write(report, variants, soak_s)
 
 

@@ -88,9 +88,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench/run.sh: {line}", file=sys.stderr)
         return 2
     # Imported after the check, so a missing package is named, not a traceback.
+    import psycopg
+
     from bench.harness.live import console
 
     done: list[tuple[str, Path, list[str]]] = []
+    name = names[0]
     started = time.monotonic()
     try:
         with stack.server(args.dsn) as admin_dsn:
@@ -99,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
                 done.append((name, folder, headline))
     except stack.BenchError as exc:
         console.print(f"[red]bench/run.sh: {exc}[/]")
+        return 1
+    except (OSError, psycopg.Error) as exc:
+        # A part stopped answering (on a badly overloaded machine, or killed): one line.
+        console.print(f"[red]bench/run.sh: {name} failed: {type(exc).__name__}: {exc}[/]")
         return 1
     except KeyboardInterrupt:
         console.print("[yellow]bench/run.sh: interrupted; everything it started is stopped[/]")

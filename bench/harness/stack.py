@@ -9,10 +9,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ import psycopg
 import psycopg.sql
 
 from bench import benchdb
+from engine import queue
+from engine.queries import NOTIFY_CHANNEL
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = benchdb.SECRET
@@ -99,20 +102,30 @@ class Engine:
         return self.proc.pid
 
     def __enter__(self) -> Engine:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != "ENGINE_API_TOKEN"}
         self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
         while not self._healthy():
             if self.proc.poll() is not None:
                 raise BenchError(f"the engine exited at start (code {self.proc.returncode}):"
                                  f" run `{self.command}` by hand to see why")
             if time.monotonic() > deadline:
-                self.__exit__()
                 raise BenchError(f"the engine did not answer /healthz in "
                                  f"{ENGINE_START_TIMEOUT_S:.0f} s")
             time.sleep(0.2)
-        return self
 
     def _healthy(self) -> bool:
         try:
@@ -125,10 +138,18 @@ class Engine:
         return self.proc is not None and self.proc.poll() is None
 
     def __exit__(self, *exc: object) -> None:
+        self.signal_stop()
+        self.wait_stopped()
+
+    def signal_stop(self) -> None:
+        """SIGTERM: the engine drains (stops claiming, finishes what is in flight)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(ENGINE_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -138,6 +159,23 @@ class Engine:
     def metrics_text(self) -> str:
         with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=30) as response:
             return response.read().decode()
+
+
+@contextmanager
+def engines(group: Sequence[Engine]) -> Iterator[Sequence[Engine]]:
+    """Start several engines at once and stop them at once: their start-ups and drains
+    overlap instead of adding up."""
+    try:
+        for engine in group:
+            engine.start()
+        for engine in group:
+            engine.wait_ready()
+        yield group
+    finally:
+        for engine in group:
+            engine.signal_stop()
+        for engine in group:
+            engine.wait_stopped()
 
 
 def histogram(text: str, metric: str, label_filter: str = "") -> list[tuple[float, float]]:
@@ -266,3 +304,65 @@ def server_setting(admin_dsn: str, name: str, value: str) -> Iterator[None]:
             conn.execute(psycopg.sql.SQL("ALTER SYSTEM RESET {}").format(
                 psycopg.sql.Identifier(name)))
             conn.execute("SELECT pg_reload_conf()")
+
+
+class Loader:
+    """Enqueues `rate` events/s in 100 ms batches on a thread, as ingress does (one
+    transaction and one NOTIFY per batch); event i goes to `route(i)`. Used where what
+    is measured is delivery, not ingress: it costs far less CPU than HTTP load."""
+
+    PERIOD_S = 0.1
+
+    def __init__(self, dsn: str, rate: float, route: Callable[[int], list[int]],
+                 payload: str) -> None:
+        self.dsn, self.rate, self.route, self.payload = dsn, rate, route, payload
+        self.enqueued = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Loader:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                due = int(self.rate * (time.monotonic() - started + self.PERIOD_S))
+                events = [queue.EventIn("order.created", self.payload, self.route(i))
+                          for i in range(self.enqueued, due)]
+                if events:
+                    with conn.transaction():
+                        queue.enqueue_events(conn, events)
+                    conn.execute(psycopg.sql.SQL("NOTIFY {}").format(
+                        psycopg.sql.Identifier(NOTIFY_CHANNEL)))
+                    self.enqueued = due
+                self._stop.wait(self.PERIOD_S)
+
+
+@contextmanager
+def fresh_databases(admin_dsn: str, names: Sequence[str]) -> Iterator[list[str]]:
+    """Several fresh migrated databases, created side by side (migrations overlap)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ExitStack() as stack_, ThreadPoolExecutor(len(names)) as pool:
+        managers = [fresh_database(admin_dsn, name) for name in names]
+        dsns = list(pool.map(stack_.enter_context, managers))
+        yield dsns
+
+
+def destination_totals(dest: Any) -> dict[str, Any] | None:
+    """The fake destination's totals (deliveries, duplicates, signature checks, its own
+    CPU), or None if it does not answer in time on an overloaded machine."""
+    try:
+        stats = dest.stats()
+    except OSError:
+        return None
+    keys = ("requests", "delivered_ids", "duplicates", "sig_ok", "sig_bad", "responses")
+    return {**{k: stats["totals"].get(k) for k in keys},
+            "cpu_user_ms": stats.get("cpu_user_ms"), "cpu_system_ms": stats.get("cpu_system_ms"),
+            "uptime_ms": stats.get("uptime_ms")}
