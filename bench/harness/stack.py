@@ -208,10 +208,9 @@ def histogram_quantiles_ms(
     return found
 
 
-def tree_cpu(pids: Sequence[int]) -> float:
-    """CPU seconds of processes and all their live descendants (a process that ended is
-    left out: scenarios read CPU as differences over long-lived trees)."""
-    total = 0.0
+def tree_cpu(pids: Sequence[int]) -> dict[int, float]:
+    """CPU seconds (user + system) of processes and all their live descendants, by pid."""
+    seen: dict[int, float] = {}
     for pid in pids:
         try:
             root = psutil.Process(pid)
@@ -223,24 +222,38 @@ def tree_cpu(pids: Sequence[int]) -> float:
                 times = proc.cpu_times()
             except psutil.NoSuchProcess:
                 continue
-            total += times.user + times.system
-    return total
+            seen[proc.pid] = times.user + times.system
+    return seen
 
 
 class CpuMeter:
-    """CPU seconds per named part (engine, postgres, destination, locust) between calls."""
+    """CPU seconds per named part (engine, postgres, destination, locust) between calls of
+    `take`. `poll` as often as processes may come and go: a process that ended counts
+    with the CPU it had when last polled (psutil cannot read a reaped process)."""
 
     def __init__(self, parts: dict[str, list[int]]) -> None:
         self.parts = parts
-        self.last = {name: tree_cpu(pids) for name, pids in parts.items()}
+        self.seen: dict[str, dict[int, float]] = {name: {} for name in parts}
+        self.poll()
+        self.last = self._totals()
 
     def add(self, name: str, pids: list[int]) -> None:
         self.parts[name] = pids
-        self.last[name] = tree_cpu(pids)
+        self.seen[name] = {}
+        self.poll()
+        self.last[name] = 0.0
+
+    def poll(self) -> None:
+        for name, pids in self.parts.items():
+            self.seen[name].update(tree_cpu(pids))
+
+    def _totals(self) -> dict[str, float]:
+        return {name: sum(by_pid.values()) for name, by_pid in self.seen.items()}
 
     def take(self) -> dict[str, float]:
         """CPU seconds each part used since the previous call."""
-        now = {name: tree_cpu(pids) for name, pids in self.parts.items()}
+        self.poll()
+        now = self._totals()
         used = {name: round(max(0.0, now[name] - self.last.get(name, 0.0)), 3)
                 for name in now}
         self.last = now
