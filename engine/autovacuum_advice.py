@@ -46,6 +46,7 @@ class Measured:
     autovacuum_runs: int
     vacuum_s: float | None  # mean duration of one autovacuum, when known
     naptime_s: float
+    trigger: float | None = None  # dead tuples at which autovacuum was due in the soak
 
     @classmethod
     def from_report_tables(cls, tables: dict[str, dict[str, Any]], naptime_s: float
@@ -53,7 +54,7 @@ class Measured:
         return [cls(name, float(t["dead_per_s"]), float(t["inserts_per_s"]),
                     int(t["dead_peak"]), int(t["autovacuum_runs"] or 0),
                     None if t.get("autovacuum_mean_s") is None else float(t["autovacuum_mean_s"]),
-                    naptime_s) for name, t in tables.items()]
+                    naptime_s, t.get("vacuum_trigger")) for name, t in tables.items()]
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,7 +96,9 @@ def advise(measured: Sequence[Measured]) -> list[Advice]:
             settings: dict[str, int | float] = {
                 "autovacuum_vacuum_scale_factor": 0, "autovacuum_vacuum_threshold": threshold,
                 "autovacuum_analyze_scale_factor": 0, "autovacuum_analyze_threshold": threshold}
-            bound = round(m.dead_per_s * interval)
+            # What vacuum could hold dead tuples to under the settings of the soak: its
+            # trigger plus what one look's wait and one vacuum add.
+            bound = round((m.trigger or 0) + m.dead_per_s * (m.naptime_s + (m.vacuum_s or 0)))
             behind = (m.autovacuum_runs > 0 and m.dead_peak > 2 * bound) or (
                 m.vacuum_s is not None and VACUUM_SHARE * m.vacuum_s > m.naptime_s)
             if behind:
@@ -109,13 +112,13 @@ def advise(measured: Sequence[Measured]) -> list[Advice]:
                           f"{m.dead_peak:,}): soak longer than autovacuum_naptime to judge its"
                           " throttling.")
             elif behind:
-                second = (f"dead tuples peaked at {m.dead_peak:,}, over twice the ~{bound:,} one"
-                          " interval makes: vacuum falls behind, so run it unthrottled (cost "
-                          "delay 0).")
+                second = (f"dead tuples peaked at {m.dead_peak:,}, over twice the ~{bound:,} the"
+                          " soak's trigger and one naptime allow: vacuum falls behind, so run "
+                          "it unthrottled (cost delay 0).")
             else:
                 second = (f"dead tuples peaked at {m.dead_peak:,} over {m.autovacuum_runs} "
-                          f"autovacuums, within twice the ~{bound:,} one interval makes: "
-                          "vacuum keeps up, its throttling can stay.")
+                          f"autovacuums, within twice the ~{bound:,} the soak's trigger and one"
+                          " naptime allow: vacuum keeps up, its throttling can stay.")
             found.append(Advice(m.table, settings, (first, second)))
         elif m.inserts_per_s >= HOT_DEAD_PER_S:
             threshold = nice_ceiling(max(MIN_INSERT_THRESHOLD, m.inserts_per_s * INSERT_INTERVAL_S))

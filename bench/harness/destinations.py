@@ -56,7 +56,7 @@ PHASES = {
 
 
 def run(admin_dsn: str, args: Any, report: Report, live: Live) -> None:
-    phase_s = 18.0 if args.quick else 40.0
+    phase_s = 14.0 if args.quick else 40.0
     phases = PHASES[args.variant]
     report.data["settings"] = {
         "phase_s": phase_s, "healthy_events_per_s": HEALTHY_RATE, "bad_share": BAD_SHARE,
@@ -155,5 +155,5 @@ def write(report: Report, results: list[dict[str, Any]]) -> None:
                   ha="center", va="bottom")
     axes.set_ylim(0, HEALTHY_RATE * 1.2)
     axes.set_ylabel("healthy deliveries/s")
-    axes.legend(loc="lower right")
+    axes.legend(loc="upper right")
     report.plot(fig, f"{report.data['scenario']}_healthy.png", "Healthy throughput per phase")
