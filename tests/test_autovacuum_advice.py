@@ -12,7 +12,7 @@ import psycopg
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.autovacuum_advice import Measured, advise, advice_from_report, nice_ceiling
+from engine.autovacuum_advice import Measured, advice_from_report, advise, nice_ceiling
 
 ENGINE = [sys.executable, "-m", "engine.cli"]
 
@@ -112,3 +112,17 @@ def test_command_prints_then_applies_the_statements(dsn: str, tmp_path: Path) ->
     assert "autovacuum_vacuum_threshold=20000" in after["deliveries"]
     assert "autovacuum_vacuum_cost_delay=0" in after["deliveries"]
     assert "autovacuum_vacuum_insert_threshold=100000" in after["delivery_attempts"]
+
+
+def test_behind_is_judged_against_the_soaks_own_trigger() -> None:
+    # 500 dead/s, a 60 s naptime and a 5,000 trigger allow ~35,000: 60,000 is within twice.
+    [kept_up] = advise([measured(dead_peak=60_000, trigger=5_000)])
+    assert "autovacuum_vacuum_cost_delay" not in kept_up.settings
+    [behind] = advise([measured(dead_peak=80_000, trigger=5_000)])
+    assert behind.settings["autovacuum_vacuum_cost_delay"] == 0
+
+
+def test_no_autovacuum_in_the_soak_says_so() -> None:
+    [advice] = advise([measured(autovacuum_runs=0, dead_peak=10**6)])
+    assert "no autovacuum ran" in advice.reasons[1]
+    assert "autovacuum_vacuum_cost_delay" not in advice.settings

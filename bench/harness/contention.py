@@ -102,7 +102,7 @@ def run_cell(dsn: str, destinations: list[int], procs: int, size: int, seconds: 
 
 
 def run(admin_dsn: str, args: Any, report: Report, live: Live) -> None:
-    seconds = 1.5 if args.quick else 6.0
+    seconds = 1.5 if args.quick else 4.0
     grid = [(p, s) for p in PROCS for s in SIZES]
     report.data["settings"] = {"procs": PROCS, "claim_sizes": SIZES, "cell_seconds": seconds,
                                "destinations": DESTINATIONS, "lease_ms": LEASE_MS}

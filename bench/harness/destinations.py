@@ -56,7 +56,7 @@ PHASES = {
 
 
 def run(admin_dsn: str, args: Any, report: Report, live: Live) -> None:
-    phase_s = 14.0 if args.quick else 40.0
+    phase_s = 14.0 if args.quick else 30.0
     phases = PHASES[args.variant]
     report.data["settings"] = {
         "phase_s": phase_s, "healthy_events_per_s": HEALTHY_RATE, "bad_share": BAD_SHARE,

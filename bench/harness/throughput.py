@@ -25,7 +25,7 @@ from tests.fakedest import FakeDestination
 QUICK_STEPS = (250, 500, 1000)
 FULL_STEPS = (500, 1000, 2000, 4000)
 QUICK_STEP_S = 14
-FULL_STEP_S = 40
+FULL_STEP_S = 30
 ACCEPT_P99_LIMIT_MS = 10.0
 # Flat: the backlog grew by less than this share of what the step posted.
 FLAT_SHARE = 0.05
