@@ -31,6 +31,7 @@ MIN_THRESHOLD = 1000
 INSERT_INTERVAL_S = 300.0  # an append-only table: its visibility map a few minutes behind
 MIN_INSERT_THRESHOLD = 10_000
 HOT_DEAD_PER_S = 1.0  # below this a table makes too little garbage to tune for
+NAPTIME_FACTOR = 4  # dead tuples one naptime makes, in triggers, before naptime is advised
 
 
 class AdviceError(Exception):
@@ -62,11 +63,14 @@ class Measured:
 
 @dataclass(frozen=True)
 class Advice:
-    table: str
-    settings: dict[str, int | float]
+    table: str | None  # None: a server setting (ALTER SYSTEM), not a table's
+    settings: dict[str, int | float | str]
     reasons: tuple[str, str]
 
     def statement(self) -> str:
+        if self.table is None:
+            return " ".join(f"ALTER SYSTEM SET {key} = '{value}';"
+                            for key, value in self.settings.items())
         options = ", ".join(f"{key} = {value}" for key, value in self.settings.items())
         return f"ALTER TABLE {self.table} SET ({options});"
 
@@ -93,7 +97,11 @@ def advise(measured: Sequence[Measured]) -> list[Advice]:
         took = "an unmeasured time" if m.vacuum_s is None else f"{m.vacuum_s:g} s"
         if m.dead_per_s >= HOT_DEAD_PER_S:
             threshold = nice_ceiling(max(MIN_THRESHOLD, m.dead_per_s * interval / 2))
-            settings: dict[str, int | float] = {
+            if m.trigger and MIN_THRESHOLD <= m.trigger < threshold:
+                # Autovacuum looks once per naptime whatever the trigger: a higher one
+                # would only let a look pass the table by.
+                threshold = int(m.trigger)
+            settings: dict[str, int | float | str] = {
                 "autovacuum_vacuum_scale_factor": 0, "autovacuum_vacuum_threshold": threshold,
                 "autovacuum_analyze_scale_factor": 0, "autovacuum_analyze_threshold": threshold}
             # What vacuum could hold dead tuples to under the settings of the soak: its
@@ -120,6 +128,9 @@ def advise(measured: Sequence[Measured]) -> list[Advice]:
                           f"autovacuums, within twice the ~{bound:,} the soak's trigger and one"
                           " naptime allow: vacuum keeps up, its throttling can stay.")
             found.append(Advice(m.table, settings, (first, second)))
+            naptime = naptime_advice(m, threshold)
+            if naptime is not None:
+                found.append(naptime)
         elif m.inserts_per_s >= HOT_DEAD_PER_S:
             threshold = nice_ceiling(max(MIN_INSERT_THRESHOLD, m.inserts_per_s * INSERT_INTERVAL_S))
             found.append(Advice(
@@ -131,6 +142,20 @@ def advise(measured: Sequence[Measured]) -> list[Advice]:
                  f"vacuum it every ~{INSERT_INTERVAL_S / 60:g} min of inserts ({threshold:,}) so"
                  " its visibility map and freezing keep pace instead of waiting for 20 % growth.")))
     return found
+
+
+def naptime_advice(m: Measured, threshold: int) -> Advice | None:
+    """A shorter autovacuum_naptime when one naptime lets a hot table make over 4 times
+    its trigger in dead tuples: no per-table setting can make autovacuum look sooner."""
+    made = m.dead_per_s * m.naptime_s
+    if made <= NAPTIME_FACTOR * threshold or m.naptime_s <= MIN_INTERVAL_S:
+        return None
+    seconds = max(int(MIN_INTERVAL_S), round(2 * threshold / m.dead_per_s))
+    return Advice(None, {"autovacuum_naptime": f"{seconds}s"}, (
+        f"{m.table} makes {made:,.0f} dead tuples per {m.naptime_s:g} s naptime, over "
+        f"{NAPTIME_FACTOR} x its {threshold:,} trigger: autovacuum looks too rarely for it.",
+        f"looking every {seconds} s finds about twice the trigger each time; server-wide (every"
+        " database), then SELECT pg_reload_conf()."))
 
 
 def advice_from_report(path: Path) -> list[Advice]:
@@ -152,14 +177,24 @@ def advice_from_report(path: Path) -> list[Advice]:
 
 
 def apply(conn: psycopg.Connection, advice: Sequence[Advice]) -> None:
-    """Apply every statement in one transaction: all or none."""
+    """Apply the table settings in one transaction (all or none), then the server ones
+    (ALTER SYSTEM cannot run in a transaction block) and reload the configuration."""
     with conn.transaction():
         for a in advice:
+            if a.table is None:
+                continue
             options = sql.SQL(", ").join(
                 sql.SQL("{} = {}").format(sql.Identifier(key), sql.Literal(value))
                 for key, value in a.settings.items())
             conn.execute(sql.SQL("ALTER TABLE {} SET ({})").format(
                 sql.Identifier(a.table), options))
+    system = [a for a in advice if a.table is None]
+    for a in system:
+        for key, value in a.settings.items():
+            conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                sql.Identifier(key), sql.Literal(str(value))))
+    if system:
+        conn.execute("SELECT pg_reload_conf()")
 
 
 def add_parser(sub: Any, add_common: Any) -> None:

@@ -116,9 +116,9 @@ def test_command_prints_then_applies_the_statements(dsn: str, tmp_path: Path) ->
 
 def test_behind_is_judged_against_the_soaks_own_trigger() -> None:
     # 500 dead/s, a 60 s naptime and a 5,000 trigger allow ~35,000: 60,000 is within twice.
-    [kept_up] = advise([measured(dead_peak=60_000, trigger=5_000)])
+    kept_up = advise([measured(dead_peak=60_000, trigger=5_000)])[0]
     assert "autovacuum_vacuum_cost_delay" not in kept_up.settings
-    [behind] = advise([measured(dead_peak=80_000, trigger=5_000)])
+    behind = advise([measured(dead_peak=80_000, trigger=5_000)])[0]
     assert behind.settings["autovacuum_vacuum_cost_delay"] == 0
 
 
@@ -126,3 +126,14 @@ def test_no_autovacuum_in_the_soak_says_so() -> None:
     [advice] = advise([measured(autovacuum_runs=0, dead_peak=10**6)])
     assert "no autovacuum ran" in advice.reasons[1]
     assert "autovacuum_vacuum_cost_delay" not in advice.settings
+
+
+def test_a_lower_trigger_is_kept_and_a_long_naptime_is_called_out() -> None:
+    # 500 dead/s: one 60 s naptime makes 30,000, six times the soak's 5,000 trigger.
+    table, server = advise([measured(trigger=5_000)])
+    assert table.settings["autovacuum_vacuum_threshold"] == 5_000  # not raised to 20,000
+    assert server.table is None
+    assert server.settings == {"autovacuum_naptime": "20s"}  # 2 x 5,000 / 500 per s
+    assert server.statement() == "ALTER SYSTEM SET autovacuum_naptime = '20s';"
+    [alone] = advise([measured(trigger=5_000, naptime_s=10)])  # looks often enough
+    assert alone.table == "deliveries"
