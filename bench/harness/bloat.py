@@ -222,8 +222,8 @@ def write(report: Report, variants: list[Variant], soak_s: float) -> None:
             f" claim p99 {_le(s['claim_p99_max_le_ms'])} ms,"
             f" {s['tables']['deliveries']['autovacuum_runs']} autovacuums of deliveries,"
             f" {len(s['warnings_first_seen_s'])} kinds of status warning")
-    report.headline.append(f"advice: {len(advice)} ALTER TABLE statements "
-                           "(engine tune-autovacuum REPORT prints them)")
+    report.headline.append(f"advice: {len(advice)} statements "
+                           "(engine tune-autovacuum REPORT prints them, --apply runs them)")
     report.section("Variants side by side", (
         f"{soak_s:.0f} s soak, all three at once on one server; each has its own database "
         f"and `engine --procs 1`, {report.data['settings']['events_per_s_per_variant']:.0f} "
