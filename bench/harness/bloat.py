@@ -294,7 +294,7 @@ def plots(report: Report, variants: list[Variant]) -> None:
         ax.legend(title="autovacuum")
     report.plot(fig, "bloat_sizes.png", "Table and claim index sizes")
 
-    fig, ax = figure("Dead tuples per table (schema settings)")
+    fig, ax = figure("Dead tuples per table (schema settings)", size=(9.5, 4.2))
     schema = next(v for v in variants if v.name == "schema")
     for name in TABLES:
         ax.plot([s["t"] for s in schema.samples],
@@ -303,7 +303,7 @@ def plots(report: Report, variants: list[Variant]) -> None:
     ax.set_xlim(left=0)
     ax.set_ylabel("dead tuples")
     ax.set_xlabel("seconds into the soak")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the sawtooth, not on it
     report.plot(fig, "bloat_tables.png", "Dead tuples per table")
 
 
