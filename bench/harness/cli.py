@@ -47,7 +47,9 @@ ALL_BLOAT_S = 480.0
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="bench/run.sh", description="engine benchmark scenarios (bench/README.md)")
+        prog="bench/run.sh", description="engine benchmark scenarios (bench/README.md)",
+        epilog="bench/run.sh also takes --stock-pg15: the scenario against a throwaway Debian"
+               " PostgreSQL 15 cluster (stock settings) instead of the embedded server.")
     parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
     parser.add_argument("--quick", action="store_true",
                         help="a bounded smoke run of the same scenario (<= 90 s each)")
