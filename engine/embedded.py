@@ -199,6 +199,7 @@ def ensure_server(data_dir: Path, *, durable: bool = True) -> EmbeddedServer:
     if port is not None:
         return EmbeddedServer(data_dir, port, started_here=False)
 
+    postgres_bin()  # no binaries: say so before making any folder
     user = _run_as()
     if not (data_dir / "PG_VERSION").exists():
         try:

@@ -123,6 +123,7 @@ ACTIONS: dict[str, tuple[str, DestinationAction]] = {
 
 def register(sub: argparse._SubParsersAction, add_common: Callable[..., None]) -> None:
     parser = sub.add_parser("destinations", help="list, create, pause, resume, … destinations")
+    add_common(parser)
     actions = parser.add_subparsers(dest="destinations_command", metavar="ACTION",
                                     required=True)
 
