@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -63,6 +65,23 @@ def test_curl_examples_work_against_a_running_engine(dsn: str, tmp_path: Path) -
                 answers.append((command, json.loads(proc.stdout)))
     keyed = [answer for command, answer in answers if "Idempotency-Key: order-42" in command]
     assert len(keyed) == 2 and keyed[0] == keyed[1] and keyed[0]["deliveries"] == 1
+
+
+def test_operator_command_examples_work(dsn: str, tmp_path: Path) -> None:
+    block = next(b for b in shell_blocks(README) if b.startswith("engine "))
+    commands = [line for line in block.splitlines() if line.startswith("engine ")]
+    assert len(commands) >= 10, commands
+    (tmp_path / "order.json").write_text('{"id": 43}\n')
+    env = {**os.environ, "ENGINE_DSN": dsn, "PYTHONPATH": str(ROOT),
+           # `engine` as the console script would run it, from this tree.
+           "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    (tmp_path / "engine").write_text(f"#!/bin/sh\nexec {sys.executable} -m engine.cli \"$@\"\n")
+    (tmp_path / "engine").chmod(0o755)
+    for command in commands:
+        proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
