@@ -13,7 +13,6 @@ import psycopg
 from engine import __version__, demo
 from engine.commands import deliveries, destinations
 from engine.commands.errors import CommandError, check_bind, database_error
-from engine.commands.local_api import api_session
 from engine.commands.parsing import OneLineParser
 from engine.config import ConfigError, Settings, load_settings
 from engine.database import describe, open_database
@@ -162,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from_args(args)
         if getattr(args, "operator_command", None) is not None:
+            from engine.commands.local_api import api_session
+
             with api_session(settings) as api:
                 return args.operator_command(api, args)
         if args.command in ARG_COMMANDS:

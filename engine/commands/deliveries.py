@@ -7,14 +7,16 @@ import argparse
 import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from engine.commands import output
 from engine.commands.errors import CommandError
-from engine.commands.local_api import LocalApi
 from engine.commands.parsing import add_json, positive_id
+
+if TYPE_CHECKING:  # the API's modules load only when a command runs, not for `engine --help`
+    from engine.commands.local_api import LocalApi
 from engine.retry import parse_duration
 
 

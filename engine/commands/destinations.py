@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.commands import output
-from engine.commands.local_api import LocalApi
 from engine.commands.parsing import add_json, positive_id
+
+if TYPE_CHECKING:  # the API's modules load only when a command runs, not for `engine --help`
+    from engine.commands.local_api import LocalApi
 
 DestinationAction = Callable[[LocalApi, argparse.Namespace], int]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _console: Console | None = None
 
@@ -17,6 +17,8 @@ _console: Console | None = None
 def console() -> Console:
     global _console
     if _console is None:
+        from rich.console import Console
+
         # No terminal (a pipe, a file): no colour codes, and tables as wide as they need.
         width = None if sys.stdout.isatty() else 200
         _console = Console(highlight=False, markup=False, width=width)
@@ -47,6 +49,8 @@ def cell(value: Any) -> str:
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    from rich.table import Table
+
     out = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for name in columns:
         out.add_column(name, overflow="fold")
