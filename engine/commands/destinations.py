@@ -13,7 +13,7 @@ from engine.commands.parsing import add_json, positive_id
 if TYPE_CHECKING:  # the API's modules load only when a command runs, not for `engine --help`
     from engine.commands.local_api import LocalApi
 
-DestinationAction = Callable[[LocalApi, argparse.Namespace], int]
+DestinationAction = Callable[["LocalApi", argparse.Namespace], int]
 
 
 def _state(d: dict[str, Any]) -> str:
