@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,9 +38,14 @@ def processes_using(folder: Path) -> list[psutil.Process]:
     return found
 
 
-def test_demo_from_an_empty_folder(empty_folder: Path) -> None:
+def environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("ENGINE_DSN", "DATABASE_URL")}
     env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def test_demo_from_an_empty_folder(empty_folder: Path) -> None:
+    env = environment()
     proc = subprocess.run(
         [sys.executable, "-m", "engine.cli", "demo", "--duration", "10"],
         cwd=empty_folder, env=env, capture_output=True, text=True, timeout=240,
@@ -58,4 +64,30 @@ def test_demo_from_an_empty_folder(empty_folder: Path) -> None:
         assert name in proc.stdout
     assert (empty_folder / ".engine" / "pgdata" / "PG_VERSION").exists()
     assert not (empty_folder / ".engine" / "pgdata" / "postmaster.pid").exists()
+    assert processes_using(empty_folder) == []
+
+
+def test_ctrl_c_stops_the_demo_with_a_summary(empty_folder: Path) -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "demo", "--duration", "600"],
+        cwd=empty_folder, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert demo.stdout is not None
+        seen = []
+        for line in demo.stdout:  # the first progress line: everything is running
+            seen.append(line)
+            if "accepted=" in line:
+                break
+        assert any("accepted=" in line for line in seen), seen
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, (out, err)
+    assert "interrupted" in out and "events accepted" in out
+    assert "Traceback" not in err
     assert processes_using(empty_folder) == []
