@@ -93,8 +93,8 @@ class LocalApi:
         except (msgspec.DecodeError, KeyError, TypeError):
             message = f"the API answered {answer.status}"
         if answer.status == 404:
-            ident = path.rstrip("/").rsplit("/", 2)
-            raise CommandError(f"{message} (id {ident[1] if ident[-1] == 'replay' else ident[-1]})")
+            ident = next((part for part in path.split("/") if part.isdigit()), "?")
+            raise CommandError(f"{message} (id {ident})")
         raise CommandError(flag_message(message))
 
     async def _call(

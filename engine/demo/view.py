@@ -34,6 +34,11 @@ class DestinationRow:
     dead: int
 
     @property
+    def accepted(self) -> int:
+        """Deliveries made for it: one per event it was subscribed to."""
+        return self.waiting + self.retrying + self.in_flight + self.delivered + self.dead
+
+    @property
     def state(self) -> str:
         return "disabled" if self.disabled else self.breaker
 
@@ -97,13 +102,13 @@ _STATE_STYLE = {"closed": "green", "open": "red", "half_open": "yellow", "disabl
 
 def destination_table(snapshot: Snapshot, title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left", expand=False)
-    for name in ("destination", "breaker", "waiting", "retrying", "in flight", "delivered",
-                 "dead"):
+    for name in ("destination", "breaker", "accepted", "waiting", "retrying", "in flight",
+                 "delivered", "dead"):
         table.add_column(name, justify="left" if name in ("destination", "breaker")
                          else "right")
     for row in snapshot.rows:
         table.add_row(row.name, Text(row.state, style=_STATE_STYLE.get(row.state, "")),
-                      str(row.waiting), str(row.retrying), str(row.in_flight),
+                      str(row.accepted), str(row.waiting), str(row.retrying), str(row.in_flight),
                       str(row.delivered), str(row.dead))
     return table
 
@@ -151,5 +156,5 @@ def print_summary(console: Console, snapshot: Snapshot, where: str) -> None:
         "  engine deliveries show ID            one delivery and its attempts\n"
         "  engine --allow-private-targets       the engine with its API on :8080,\n"
         "                                       /console in a browser\n"
-        "  bench/run.sh throughput --quick      how fast it goes on this machine"
+        "  bench/run.sh throughput              how fast it goes on this machine"
     )
