@@ -11,6 +11,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine import queue
 from engine.cli import main
@@ -202,3 +204,38 @@ def test_bad_input_is_one_line_and_writes_nothing(
     assert says in cli.refused(*argv)
     assert count(conn, "destinations") == 0
     assert count(conn, "events") == 0
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(
+    # Stored as given, spaces and all:
+    JSON_VALUES.map(lambda v: json.dumps(v, indent=1, ensure_ascii=False)),
+    JSON_VALUES.map(json.dumps).map(lambda t: t[:-1] if len(t) > 1 else t + "{"),
+    st.text(st.characters(codec="utf-8"), max_size=20),
+    st.text(max_size=5).map(lambda t: t + "\udcff"),  # a terminal's non-UTF-8 byte
+))
+def test_send_stores_the_payload_as_given_or_refuses_it(
+    cli: Cli, conn: psycopg.Connection, text: str
+) -> None:
+    before = count(conn, "events")
+    try:  # Python's json module as the independent judge of what is JSON
+        json.loads(text)
+        valid = "\udcff" not in text
+    except ValueError:
+        valid = False
+    if not valid:
+        cli.refused("send", "--type", "t", f"--payload={text}")
+        assert count(conn, "events") == before
+        return
+    accepted = cli.json("send", "--type", "t", f"--payload={text}")
+    row = conn.execute("SELECT payload FROM events WHERE id = %s", [accepted["id"]]).fetchone()
+    assert row == (text.strip(),)

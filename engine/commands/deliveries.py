@@ -30,7 +30,8 @@ def _payload(text: str) -> bytes:
         except OSError as exc:
             raise CommandError(f"--payload: cannot read {path}: {exc.strerror}") from None
     else:
-        raw = text.encode()
+        # Bytes of the terminal that are not UTF-8 reach sys.argv as lone surrogates.
+        raw = text.encode(errors="surrogateescape")
     try:
         msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:

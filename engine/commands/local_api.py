@@ -75,9 +75,15 @@ class LocalApi:
         self, method: str, path: str, body: Any = None, *,
         query: dict[str, str] | None = None, headers: dict[str, str] | None = None,
     ) -> Answer:
-        raw = body if isinstance(body, bytes) else (
-            b"" if body is None else msgspec.json.encode(body)
-        )
+        try:
+            raw = body if isinstance(body, bytes) else (
+                b"" if body is None else msgspec.json.encode(body)
+            )
+            for value in (headers or {}).values():
+                value.encode("latin-1")
+        except UnicodeEncodeError:
+            # A terminal's bytes that are not UTF-8 arrive in sys.argv as lone surrogates.
+            raise CommandError("an argument is not valid UTF-8 text") from None
         return asyncio.run(self._call(method, path, raw, query or {}, headers or {}))
 
     def check(
