@@ -144,7 +144,9 @@ _TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str:
 def _check_type(key: str, value: Any, default: Any, config_file: Path | None) -> None:
     """A value of the wrong type (`procs = "many"`) is named here, not left to fail later
     as a comparison between a str and an int."""
-    expected = str if default is None else type(default)
+    if default is None:
+        return  # optional settings check their own values
+    expected = type(default)
     fits = isinstance(value, expected) and (expected is bool or not isinstance(value, bool))
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         fits = True
