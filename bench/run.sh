@@ -15,11 +15,15 @@ cd "$(dirname "$0")/.."
 scenario="${1:-throughput}"
 [ $# -gt 0 ] && shift
 
+# The harness, drain.py and peers.py take --stock-pg15 themselves (bench/benchdb.py starts
+# the cluster); the older scripts without it run under tools/with-pg15.sh instead.
 args=()
 stock_pg15=0
 for arg in "$@"; do
     if [ "$arg" = "--stock-pg15" ]; then stock_pg15=1; else args+=("$arg"); fi
 done
+own=()
+[ "$stock_pg15" = 1 ] && own=(--stock-pg15)
 if ! python -c 'import engine, psycopg' 2>/dev/null; then
     echo "bench/run.sh: the engine's Python packages are missing; install them: pip install -e '.[bench]'" >&2
     exit 2
@@ -38,11 +42,11 @@ run() {
 }
 case "$scenario" in
     throughput|slow-destination|dead-destination|contention|bloat|all)
-        run python -m bench.harness "$scenario" ${args[@]+"${args[@]}"} ;;
+        python -m bench.harness "$scenario" ${own[@]+"${own[@]}"} ${args[@]+"${args[@]}"} ;;
     drain-fast|drain-slow)
-                         run python bench/drain.py "$scenario" ${args[@]+"${args[@]}"} ;;
+                         python bench/drain.py "$scenario" ${own[@]+"${own[@]}"} ${args[@]+"${args[@]}"} ;;
     ingress)             run python bench/ingress.py ${args[@]+"${args[@]}"} ;;
-    peers)               run python bench/peers.py ${args[@]+"${args[@]}"} ;;
+    peers)               python bench/peers.py ${own[@]+"${own[@]}"} ${args[@]+"${args[@]}"} ;;
     claim-latency)       run python bench/claim_latency.py ${args[@]+"${args[@]}"} ;;
     completion-strategy) run python bench/completion_strategy.py ${args[@]+"${args[@]}"} ;;
     -h|--help)           python -m bench.harness --help

@@ -48,14 +48,16 @@ ALL_BLOAT_S = 480.0
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/run.sh", description="engine benchmark scenarios (bench/README.md)",
-        epilog="bench/run.sh also takes --stock-pg15: the scenario against a throwaway Debian"
-               " PostgreSQL 15 cluster (stock settings) instead of the embedded server.")
+    )
     parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
     parser.add_argument("--quick", action="store_true",
                         help="a bounded smoke run of the same scenario (<= 90 s each)")
     parser.add_argument("--procs", type=int, default=2, help="engine delivery workers")
     parser.add_argument("--dsn", help="PostgreSQL server to use (a database is created on"
                         " it and dropped); default: a durable embedded PostgreSQL")
+    parser.add_argument("--stock-pg15", action="store_true",
+                        help="a throwaway Debian PostgreSQL 15 cluster with stock settings (JIT"
+                             " on) instead of the embedded PostgreSQL 18")
     parser.add_argument("--reports", type=Path, default=stack.ROOT / "bench" / "reports",
                         help="folder the report folders go in")
     parser.add_argument("--duration", type=float,
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     name = names[0]
     started = time.monotonic()
     try:
-        with stack.server(args.dsn) as admin_dsn:
+        with stack.server(args.dsn, stock_pg15_cluster=args.stock_pg15) as admin_dsn:
             for name in names:
                 folder, headline = run_one(name, admin_dsn, args)
                 done.append((name, folder, headline))
@@ -128,6 +130,7 @@ def run_one(name: str, admin_dsn: str, args: argparse.Namespace) -> tuple[Path, 
     run: Callable[..., Any] = importlib.import_module(f"bench.harness.{scenario.module}").run
     args.variant = scenario.variant
     options = {"quick": args.quick, "procs": args.procs, "external_dsn": bool(args.dsn),
+               "stock_pg15": args.stock_pg15,
                "duration": args.duration}
     report = Report(name, options, args.reports)
     budget = scenario.quick_s if args.quick else scenario.full_s
