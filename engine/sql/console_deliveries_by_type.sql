@@ -1,0 +1,46 @@
+-- console_deliveries_by_type: GET /v1/deliveries?event_type= (with or without since/until),
+-- newest event first, then the event's deliveries by id descending, keyset paging.
+--   $1 event type text, $2 since timestamptz (NULL: no bound),
+--   $3 until timestamptz (NULL: no bound), $4 status text (NULL: any),
+--   $5 destination id bigint (NULL: any),
+--   $6 cursor: the id of the last delivery of the previous page (NULL: first page),
+--   $7 limit int
+-- Deliveries carry no event type: walk events_type_created_idx backwards over the time
+-- range and take each event's deliveries from the two event_id indexes; an incremental
+-- sort (already ordered by the event) stops as soon as the page is full. The cursor is a
+-- delivery id; its event's (created_at, id) is looked up by primary keys, so paging is
+-- exact even though delivery ids and event times need not agree. A cursor retention has
+-- removed yields an empty page rather than the first one again.
+WITH cursor AS MATERIALIZED (
+    SELECT e.created_at, e.id AS event_id
+      FROM events e
+     WHERE e.id = (SELECT event_id FROM deliveries WHERE id = $6::bigint
+                   UNION ALL
+                   SELECT event_id FROM finished_deliveries WHERE id = $6::bigint
+                   LIMIT 1)
+)
+SELECT d.id, d.event_id, d.destination_id, d.status, d.attempt, d.next_attempt_at,
+       d.last_error, d.created_at, d.completed_at
+  FROM events e
+ CROSS JOIN LATERAL (
+        SELECT id, event_id, destination_id, status::text, attempt, next_attempt_at,
+               last_error, created_at, NULL::timestamptz AS completed_at
+          FROM deliveries WHERE event_id = e.id
+        UNION ALL
+        SELECT id, event_id, destination_id, status::text, attempt, next_attempt_at,
+               last_error, created_at, completed_at
+          FROM finished_deliveries WHERE event_id = e.id
+       ) d
+ WHERE e.type = $1::text
+   AND e.created_at >= coalesce($2::timestamptz, '-infinity')
+   AND e.created_at <= coalesce($3::timestamptz, 'infinity')
+   AND (e.created_at, e.id) <= (
+         coalesce((SELECT created_at FROM cursor),
+                  CASE WHEN $6::bigint IS NULL THEN 'infinity'::timestamptz
+                       ELSE '-infinity'::timestamptz END),
+         coalesce((SELECT event_id FROM cursor), 9223372036854775807))
+   AND (d.event_id <> coalesce((SELECT event_id FROM cursor), 0) OR d.id < $6::bigint)
+   AND ($4::text IS NULL OR d.status = $4::text)
+   AND ($5::bigint IS NULL OR d.destination_id = $5::bigint)
+ ORDER BY e.created_at DESC, e.id DESC, d.id DESC
+ LIMIT $7::int

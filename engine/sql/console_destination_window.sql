@@ -1,0 +1,41 @@
+-- console_destination_window: per destination, its backlog now and its attempts in the
+-- window: how many, how many succeeded (2xx), duration p50/p99, the latest error.
+--   $1 window seconds float8
+-- Attempts come from delivery_attempts_started_idx (BRIN: the window's blocks only) and
+-- find their destination by primary key in whichever table holds the delivery now; the
+-- backlog is a GROUP BY over the hot table, which holds only the backlog. So the cost is
+-- the window's attempts plus the queue, never the history.
+WITH recent AS (
+    SELECT coalesce(d.destination_id, f.destination_id) AS destination_id,
+           a.started_at, a.duration_ms, a.status_code, a.error
+      FROM delivery_attempts a
+      LEFT JOIN deliveries d ON d.id = a.delivery_id
+      LEFT JOIN finished_deliveries f ON f.id = a.delivery_id
+     WHERE a.started_at >= now() - $1::float8 * interval '1 second'
+), window_stats AS (
+    SELECT destination_id,
+           count(*) AS attempts,
+           count(*) FILTER (WHERE status_code BETWEEN 200 AND 299) AS succeeded,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) AS p50_ms,
+           percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ms) AS p99_ms,
+           (array_agg(error ORDER BY started_at DESC) FILTER (WHERE error IS NOT NULL))[1]
+               AS last_error,
+           max(started_at) FILTER (WHERE error IS NOT NULL) AS last_error_at
+      FROM recent
+     WHERE destination_id IS NOT NULL
+     GROUP BY destination_id
+), backlog AS (
+    SELECT destination_id,
+           count(*) FILTER (WHERE status = 'pending') AS pending,
+           count(*) FILTER (WHERE status = 'in_flight') AS in_flight
+      FROM deliveries
+     GROUP BY destination_id
+)
+SELECT dest.id, coalesce(b.pending, 0) AS pending, coalesce(b.in_flight, 0) AS in_flight,
+       coalesce(w.attempts, 0) AS attempts, coalesce(w.succeeded, 0) AS succeeded,
+       w.p50_ms, w.p99_ms, w.last_error, w.last_error_at
+  FROM destinations dest
+  LEFT JOIN backlog b ON b.destination_id = dest.id
+  LEFT JOIN window_stats w ON w.destination_id = dest.id
+ WHERE dest.deleted_at IS NULL
+ ORDER BY dest.id
