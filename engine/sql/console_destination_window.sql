@@ -1,17 +1,13 @@
 -- console_destination_window: per destination, its backlog now and its attempts in the
 -- window: how many, how many succeeded (2xx), duration p50/p99, the latest error.
 --   $1 window seconds float8
--- Attempts come from delivery_attempts_started_idx (BRIN: the window's blocks only) and
--- find their destination by primary key in whichever table holds the delivery now; the
--- backlog is a GROUP BY over the hot table, which holds only the backlog. So the cost is
--- the window's attempts plus the queue, never the history.
+-- Attempts come from delivery_attempts_started_idx (BRIN: the window's blocks only), each
+-- naming its destination; the backlog is a GROUP BY over the hot table, which holds only
+-- the backlog. So the cost is the window's attempts plus the queue, never the history.
 WITH recent AS (
-    SELECT coalesce(d.destination_id, f.destination_id) AS destination_id,
-           a.started_at, a.duration_ms, a.status_code, a.error
-      FROM delivery_attempts a
-      LEFT JOIN deliveries d ON d.id = a.delivery_id
-      LEFT JOIN finished_deliveries f ON f.id = a.delivery_id
-     WHERE a.started_at >= now() - $1::float8 * interval '1 second'
+    SELECT destination_id, started_at, duration_ms, status_code, error
+      FROM delivery_attempts
+     WHERE started_at >= now() - $1::float8 * interval '1 second'
 ), window_stats AS (
     SELECT destination_id,
            count(*) AS attempts,

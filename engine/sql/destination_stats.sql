@@ -2,18 +2,17 @@
 -- window by outcome, their duration percentiles, its backlog and its dead deliveries.
 --   $1 destination id bigint, $2 window seconds float8,
 --   $3 dead since timestamptz (NULL: count every dead delivery)
--- The window's attempts are read through delivery_attempts_started_idx (BRIN) and matched
--- to the destination by primary key; the backlog through deliveries_destination_idx; the
--- dead count is an index-only range of finished_deliveries_dead_idx. Nothing scans the
--- history. Outcomes: succeeded (2xx), http_error (any other status: the destination
--- answered), transport_error (no answer: timeout, refused, DNS, or a lost attempt).
+-- The window's attempts are read through delivery_attempts_started_idx (BRIN) and
+-- filtered on the destination they name; the backlog comes through
+-- deliveries_destination_idx; the dead count is an index-only range of
+-- finished_deliveries_dead_idx. Nothing scans the history. Outcomes: succeeded (2xx),
+-- http_error (any other status: the destination answered), transport_error (no answer:
+-- timeout, refused, DNS, or a lost attempt).
 WITH recent AS (
-    SELECT a.duration_ms, a.status_code
-      FROM delivery_attempts a
-      LEFT JOIN deliveries d ON d.id = a.delivery_id
-      LEFT JOIN finished_deliveries f ON f.id = a.delivery_id
-     WHERE a.started_at >= now() - $2::float8 * interval '1 second'
-       AND coalesce(d.destination_id, f.destination_id) = $1::bigint
+    SELECT duration_ms, status_code
+      FROM delivery_attempts
+     WHERE started_at >= now() - $2::float8 * interval '1 second'
+       AND destination_id = $1::bigint
 )
 SELECT count(*) AS attempts,
        count(*) FILTER (WHERE status_code BETWEEN 200 AND 299) AS succeeded,

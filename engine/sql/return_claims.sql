@@ -22,7 +22,7 @@ WITH lost AS (
            next_attempt_at = now(), last_error = $3
       FROM lost
      WHERE d.id = lost.id AND d.attempt < $4
- RETURNING d.id, d.attempt
+ RETURNING d.id, d.destination_id, d.attempt
 ), died AS (
     DELETE FROM deliveries d
      USING lost
@@ -36,9 +36,9 @@ WITH lost AS (
            ordering_key, $3, created_at
       FROM died
 ), history AS (
-    INSERT INTO delivery_attempts (delivery_id, attempt, started_at, error)
-    SELECT id, attempt, now(), $3 FROM requeued
+    INSERT INTO delivery_attempts (delivery_id, destination_id, attempt, started_at, error)
+    SELECT id, destination_id, attempt, now(), $3 FROM requeued
     UNION ALL
-    SELECT id, attempt, now(), $3 FROM died
+    SELECT id, destination_id, attempt, now(), $3 FROM died
 )
 SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM died) AS died
