@@ -19,3 +19,11 @@ CREATE INDEX events_type_created_idx ON events (type, created_at, id);
 -- leave a 24 h window within a day). Nullable without a default: adding it rewrites
 -- nothing.
 ALTER TABLE delivery_attempts ADD COLUMN destination_id bigint;
+
+-- Dead deliveries newest first, of one destination or of all (console_dead_deliveries.sql).
+-- Partial: they hold only dead rows, so the write path pays for them only when a delivery
+-- dies.
+CREATE INDEX finished_deliveries_dead_id_idx ON finished_deliveries (destination_id, id)
+    WHERE status = 'dead';
+CREATE INDEX finished_deliveries_dead_all_idx ON finished_deliveries (id)
+    WHERE status = 'dead';

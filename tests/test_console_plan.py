@@ -178,6 +178,25 @@ def test_deliveries_by_event_type_and_time_walk_the_events_indexes(
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)
+def test_dead_deliveries_and_depth_read_only_dead_rows(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    cursor = middle_cursor(tx, "finished_deliveries")
+    cases = [
+        ("dead_of_a_destination", [1, cursor, 50], "finished_deliveries_dead_id_idx"),
+        ("dead_of_all", [None, None, 50], "finished_deliveries_dead_all_idx"),
+    ]
+    for what, params, index in cases:
+        explained = explain(tx, mode, queries.CONSOLE_DEAD_DELIVERIES, "bigint, bigint, int",
+                            params)
+        assert explained["Plan"]["Actual Rows"] == 50, what
+        check(explained, {index}, record_property, what, mode)
+    explained = explain_plain(tx, queries.CONSOLE_DEPTH)
+    check(explained, {"finished_deliveries_dead_idx|finished_deliveries_dead_all_idx"},
+          record_property, "console_depth", mode)
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
 def test_window_statistics_read_only_the_window(
     tx: psycopg.Connection, mode: str, record_property: Any
 ) -> None:
@@ -212,6 +231,7 @@ CONSOLE_REQUESTS = (
     "/v1/destinations/3/stats?window=24h",
     "/v1/deliveries?limit=50",
     "/v1/deliveries?limit=50&status=dead&destination_id=3",
+    "/v1/deliveries?limit=50&status=dead",
     "/v1/deliveries?limit=50&event_type=type.3",
     "/v1/deliveries?limit=50&event_type=type.0&status=dead&destination_id=1",
     "/v1/deliveries?limit=50&since={hour_ago}&until={half_hour_ago}",

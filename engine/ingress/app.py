@@ -436,11 +436,9 @@ class IngressApp(ConsoleApi):
             if not after.isascii() or not after.isdigit() or len(after) > 19:
                 raise errors.invalid("after: not a cursor returned by this endpoint")
             before_id = min(int(after), s.MAX_ID)
-        if params.keys() & {"event_type", "since", "until"}:
-            rows = await self.list_deliveries_by_event(
-                params, destination_id, status, before_id, limit
-            )
-        else:
+        # The console's filters (event type, time, dead ones) have statements of their own.
+        rows = await self.console_deliveries(params, destination_id, status, before_id, limit)
+        if rows is None:
             async with self._connection() as conn:
                 rows = await store.list_deliveries(
                     conn, destination_id, status, before_id, limit

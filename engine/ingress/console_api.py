@@ -167,14 +167,20 @@ class ConsoleApi:
 
         return _app()._json(200, await asyncio.to_thread(collect))
 
-    async def list_deliveries_by_event(
+    async def console_deliveries(
         self, params: dict[str, str], destination_id: int | None, status: str | None,
         after: int | None, limit: int,
-    ) -> list[s.Delivery]:
-        """GET /v1/deliveries with event_type, since or until (see app.list_deliveries)."""
+    ) -> list[s.Delivery] | None:
+        """GET /v1/deliveries with event_type, since or until, or for dead ones; None when
+        the core listing (store.list_deliveries) serves the query."""
+        by_event = bool(params.keys() & {"event_type", "since", "until"})
+        if not by_event and status != "dead":
+            return None
         event_type = text_param(params, "event_type")
         since, until = time_param(params, "since"), time_param(params, "until")
         async with self._connection() as conn:
+            if not by_event:
+                return await console_store.list_dead(conn, destination_id, after, limit)
             return await console_store.list_deliveries_by_event(
                 conn, event_type, since, until, status, destination_id, after, limit
             )

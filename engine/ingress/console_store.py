@@ -6,9 +6,13 @@ deliveries."""
 from __future__ import annotations
 
 import datetime as dt
+import math
+import time
+from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.rows import dict_row
 
 from engine import queries, queue, status
 from engine.ingress import schemas as s
@@ -44,6 +48,14 @@ async def list_deliveries_by_event(
     return [s.Delivery(*row) for row in rows]
 
 
+async def list_dead(
+    conn: AsyncConnection, destination_id: int | None, before_id: int | None, limit: int,
+) -> list[s.Delivery]:
+    rows = await _fetchall(conn, queries.CONSOLE_DEAD_DELIVERIES,
+                           (destination_id, before_id, limit))
+    return [s.Delivery(*row) for row in rows]
+
+
 async def destination_stats(
     conn: AsyncConnection, destination_id: int, window_s: float,
     dead_since: dt.datetime | None,
@@ -53,22 +65,53 @@ async def destination_stats(
     return s.DestinationStats(destination_id, window_s, *rows[0], dead_since)
 
 
+# status_queue.sql's fan-out averages read a day of events: at most this often, per
+# ingress process, however many consoles refresh.
+FANOUT_REFRESH_S = 300.0
+_fanout: dict[str, Any] = {"at": -math.inf, "queue": {}}
+
+
+def _rows(conn: psycopg.Connection, statement: bytes, params: tuple = ()) -> list[dict]:
+    return psycopg.RawCursor(conn, row_factory=dict_row).execute(statement, params).fetchall()
+
+
+def _fanout_figures(conn: psycopg.Connection) -> dict[str, Any]:
+    if time.monotonic() - _fanout["at"] >= FANOUT_REFRESH_S:
+        queue_row = _rows(conn, queries.STATUS_QUEUE)[0]
+        _fanout["queue"] = {k: queue_row[k] for k in ("fanout_last_hour", "fanout_day_before")}
+        _fanout["at"] = time.monotonic()
+    return _fanout["queue"]
+
+
 def overview(conn: psycopg.Connection, window_s: float) -> s.Overview:
-    """Blocking (ingress runs it in a thread): engine status's own collection, so the
-    console shows the same numbers and warnings, plus the per-minute chart and the
-    per-destination window."""
-    collected = status.collect_status(conn)
-    minutes = psycopg.RawCursor(conn).execute(queries.CONSOLE_MINUTES, ()).fetchall()
-    destinations = psycopg.RawCursor(conn).execute(
-        queries.CONSOLE_DESTINATION_WINDOW, (window_s,)
-    ).fetchall()
-    queue_row = collected["queue"]
+    """Blocking (ingress runs it in a thread). The figures and warnings of `engine status`
+    (status.warnings over the same statements, in one snapshot), except that the fan-out
+    averages come from _fanout_figures; plus the per-minute chart and each destination's
+    window."""
+    fanout = _fanout_figures(conn)
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        depth = _rows(conn, queries.CONSOLE_DEPTH)[0]
+        collected: dict[str, Any] = {
+            "queue": {**depth, **fanout},
+            "breakers": _rows(conn, queries.STATUS_BREAKERS)[0],
+            "destinations": _rows(conn, queries.STATUS_DESTINATIONS,
+                                  (status.TOP_DESTINATIONS,)),
+            "tables": _rows(conn, queries.STATUS_TABLES),
+            "pg_stat_statements": status.statement_shares(conn),
+        }
+        minutes = psycopg.RawCursor(conn).execute(queries.CONSOLE_MINUTES, ()).fetchall()
+        destinations = psycopg.RawCursor(conn).execute(
+            queries.CONSOLE_DESTINATION_WINDOW, (window_s,)
+        ).fetchall()
+        now = conn.execute("SELECT now()").fetchone()
+    assert now is not None
     return s.Overview(
-        at=collected["at"],
+        at=now[0],
         window_s=window_s,
-        queue=s.QueueDepth(**{f: queue_row[f] for f in s.QueueDepth.__struct_fields__}),
+        queue=s.QueueDepth(**depth),
         breakers=s.BreakerCounts(**collected["breakers"]),
         per_minute=[s.MinuteCount(*row) for row in minutes],
         destinations=[s.DestinationSummary(*row) for row in destinations],
-        warnings=collected["warnings"],
+        warnings=status.warnings(collected),
     )

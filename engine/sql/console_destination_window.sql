@@ -12,14 +12,17 @@ WITH recent AS (
     SELECT destination_id,
            count(*) AS attempts,
            count(*) FILTER (WHERE status_code BETWEEN 200 AND 299) AS succeeded,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) AS p50_ms,
-           percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ms) AS p99_ms,
-           (array_agg(error ORDER BY started_at DESC) FILTER (WHERE error IS NOT NULL))[1]
-               AS last_error,
-           max(started_at) FILTER (WHERE error IS NOT NULL) AS last_error_at
+           -- One sort for both percentiles.
+           percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY duration_ms) AS pct
       FROM recent
      WHERE destination_id IS NOT NULL
      GROUP BY destination_id
+), last_errors AS (
+    -- Only the failed attempts are sorted, not the whole window.
+    SELECT DISTINCT ON (destination_id) destination_id, error, started_at
+      FROM recent
+     WHERE destination_id IS NOT NULL AND error IS NOT NULL
+     ORDER BY destination_id, started_at DESC
 ), backlog AS (
     SELECT destination_id,
            count(*) FILTER (WHERE status = 'pending') AS pending,
@@ -29,9 +32,11 @@ WITH recent AS (
 )
 SELECT dest.id, coalesce(b.pending, 0) AS pending, coalesce(b.in_flight, 0) AS in_flight,
        coalesce(w.attempts, 0) AS attempts, coalesce(w.succeeded, 0) AS succeeded,
-       w.p50_ms, w.p99_ms, w.last_error, w.last_error_at
+       w.pct[1] AS p50_ms, w.pct[2] AS p99_ms, e.error AS last_error,
+       e.started_at AS last_error_at
   FROM destinations dest
   LEFT JOIN backlog b ON b.destination_id = dest.id
   LEFT JOIN window_stats w ON w.destination_id = dest.id
+  LEFT JOIN last_errors e ON e.destination_id = dest.id
  WHERE dest.deleted_at IS NULL
  ORDER BY dest.id
