@@ -183,7 +183,8 @@ def test_dead_deliveries_and_depth_read_only_dead_rows(
 ) -> None:
     cursor = middle_cursor(tx, "finished_deliveries")
     cases = [
-        ("dead_of_a_destination", [1, cursor, 50], "finished_deliveries_dead_id_idx"),
+        ("dead_of_a_destination", [1, cursor, 50],
+         "finished_deliveries_dead_id_idx|finished_deliveries_dead_all_idx"),
         ("dead_of_all", [None, None, 50], "finished_deliveries_dead_all_idx"),
     ]
     for what, params, index in cases:
