@@ -25,6 +25,8 @@ from tests.dbserver import DatabaseFactory
 from tests.ingress_server import IngressProcess
 from tests.test_claim_plan import HISTORY_TABLES, PLAN_MODES, Plan, explain, nodes, seq_scanned
 
+pytestmark = pytest.mark.pg_versions
+
 FINISHED = 1_000_000
 PENDING = 1_000
 DESTINATIONS = 10
