@@ -36,17 +36,6 @@ def _has_pg_stat_statements(conn: psycopg.Connection) -> bool:
     return row is not None
 
 
-def statement_shares(conn: psycopg.Connection) -> dict | None:
-    """The claim query's share of statement time, when pg_stat_statements is there."""
-    if not _has_pg_stat_statements(conn):
-        return None
-    try:
-        with conn.transaction():
-            return _rows(conn, queries.STATUS_STATEMENTS)[0]
-    except psycopg.Error:  # installed but not preloaded
-        return None
-
-
 def collect_status(conn: psycopg.Connection, top: int = TOP_DESTINATIONS) -> dict[str, Any]:
     """Everything `engine status` shows, read in one repeatable-read snapshot."""
     with conn.transaction():
@@ -56,7 +45,13 @@ def collect_status(conn: psycopg.Connection, top: int = TOP_DESTINATIONS) -> dic
         destinations = _rows(conn, queries.STATUS_DESTINATIONS, (top,))
         tables = _rows(conn, queries.STATUS_TABLES)
         indexes = _rows(conn, queries.STATUS_INDEXES)
-        statements = statement_shares(conn)
+        statements = None
+        if _has_pg_stat_statements(conn):
+            try:
+                with conn.transaction():
+                    statements = _rows(conn, queries.STATUS_STATEMENTS)[0]
+            except psycopg.Error:  # installed but not preloaded
+                statements = None
         now = conn.execute("SELECT now()").fetchone()
     status: dict[str, Any] = {
         "at": now[0] if now else None,

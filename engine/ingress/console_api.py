@@ -5,13 +5,11 @@ their operations like every other."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from importlib import resources
 from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
-import psycopg
 
 from engine.ingress import console_store, errors, store
 from engine.ingress import schemas as s
@@ -104,9 +102,8 @@ def text_param(params: dict[str, str], name: str) -> str | None:
 
 
 class ConsoleApi:
-    """Handlers mixed into IngressApp (which provides _connection, dsn and the helpers)."""
+    """Handlers mixed into IngressApp (which provides _connection)."""
 
-    dsn: str
     _console_assets: dict[str, tuple[bytes, list[tuple[bytes, bytes]]]] | None = None
 
     def _connection(self) -> Any:
@@ -157,15 +154,8 @@ class ConsoleApi:
 
     async def overview(self, request: Request) -> Response:
         window_s = window_param(request.query({"window"}))
-
-        def collect() -> s.Overview:
-            # engine status's collection is blocking code: a connection of its own, in a
-            # thread, as /metrics does; the console asks every few seconds, not per event.
-            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
-                                 application_name="engine console") as conn:
-                return console_store.overview(conn, window_s)
-
-        return _app()._json(200, await asyncio.to_thread(collect))
+        async with self._connection() as conn:
+            return _app()._json(200, await console_store.overview(conn, window_s))
 
     async def console_deliveries(
         self, params: dict[str, str], destination_id: int | None, status: str | None,

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncRawCursor
 from psycopg.rows import dict_row
 
 from engine import queries, queue, status
@@ -71,43 +71,52 @@ FANOUT_REFRESH_S = 300.0
 _fanout: dict[str, Any] = {"at": -math.inf, "queue": {}}
 
 
-def _rows(conn: psycopg.Connection, statement: bytes, params: tuple = ()) -> list[dict]:
-    return psycopg.RawCursor(conn, row_factory=dict_row).execute(statement, params).fetchall()
+async def _rows(conn: AsyncConnection, statement: bytes, params: tuple = ()) -> list[dict]:
+    cursor = AsyncRawCursor(conn, row_factory=dict_row)
+    await cursor.execute(statement, params)
+    return await cursor.fetchall()
 
 
-def _fanout_figures(conn: psycopg.Connection) -> dict[str, Any]:
+async def _fanout_figures(conn: AsyncConnection) -> dict[str, Any]:
     if time.monotonic() - _fanout["at"] >= FANOUT_REFRESH_S:
-        queue_row = _rows(conn, queries.STATUS_QUEUE)[0]
+        queue_row = (await _rows(conn, queries.STATUS_QUEUE))[0]
         _fanout["queue"] = {k: queue_row[k] for k in ("fanout_last_hour", "fanout_day_before")}
         _fanout["at"] = time.monotonic()
     return _fanout["queue"]
 
 
-def overview(conn: psycopg.Connection, window_s: float) -> s.Overview:
-    """Blocking (ingress runs it in a thread). The figures and warnings of `engine status`
-    (status.warnings over the same statements, in one snapshot), except that the fan-out
-    averages come from _fanout_figures; plus the per-minute chart and each destination's
-    window."""
-    fanout = _fanout_figures(conn)
-    with conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        depth = _rows(conn, queries.CONSOLE_DEPTH)[0]
+async def _statement_shares(conn: AsyncConnection) -> dict | None:
+    """What status.collect_status reads from pg_stat_statements, on the asyncio side."""
+    if not await _rows(conn, b"SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'"):
+        return None
+    try:
+        async with conn.transaction():
+            return (await _rows(conn, queries.STATUS_STATEMENTS))[0]
+    except psycopg.Error:  # installed but not preloaded
+        return None
+
+
+async def overview(conn: AsyncConnection, window_s: float) -> s.Overview:
+    """The figures and warnings of `engine status` (status.warnings over the same
+    statements, in one snapshot), except that the fan-out averages come from
+    _fanout_figures; plus the per-minute chart and each destination's window."""
+    fanout = await _fanout_figures(conn)
+    async with conn.transaction():
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        depth = (await _rows(conn, queries.CONSOLE_DEPTH))[0]
         collected: dict[str, Any] = {
             "queue": {**depth, **fanout},
-            "breakers": _rows(conn, queries.STATUS_BREAKERS)[0],
-            "destinations": _rows(conn, queries.STATUS_DESTINATIONS,
-                                  (status.TOP_DESTINATIONS,)),
-            "tables": _rows(conn, queries.STATUS_TABLES),
-            "pg_stat_statements": status.statement_shares(conn),
+            "breakers": (await _rows(conn, queries.STATUS_BREAKERS))[0],
+            "destinations": await _rows(conn, queries.STATUS_DESTINATIONS,
+                                        (status.TOP_DESTINATIONS,)),
+            "tables": await _rows(conn, queries.STATUS_TABLES),
+            "pg_stat_statements": await _statement_shares(conn),
         }
-        minutes = psycopg.RawCursor(conn).execute(queries.CONSOLE_MINUTES, ()).fetchall()
-        destinations = psycopg.RawCursor(conn).execute(
-            queries.CONSOLE_DESTINATION_WINDOW, (window_s,)
-        ).fetchall()
-        now = conn.execute("SELECT now()").fetchone()
-    assert now is not None
+        minutes = await _fetchall(conn, queries.CONSOLE_MINUTES, ())
+        destinations = await _fetchall(conn, queries.CONSOLE_DESTINATION_WINDOW, (window_s,))
+        now = await _fetchall(conn, b"SELECT now()", ())
     return s.Overview(
-        at=now[0],
+        at=now[0][0],
         window_s=window_s,
         queue=s.QueueDepth(**depth),
         breakers=s.BreakerCounts(**collected["breakers"]),
