@@ -163,6 +163,14 @@ def test_destination_stats_count_outcomes_and_percentiles(
     ok = api.request("GET", f"/v1/destinations/{healthy['id']}/stats").json()
     assert (ok["attempts"], ok["succeeded"], ok["p99_ms"]) == (4, 4, 10.0)
 
+    # A lost attempt (a worker died holding the claim) counts too, without an answer.
+    api.request("POST", "/v1/events", {"type": "t", "payload": 0,
+                                       "destination_ids": [healthy["id"]]})
+    assert len(queue.claim_batch(db, "test:lost", 10, 60_000)) == 1
+    assert queue.release_claims(db, "test:lost", 10) == 1
+    lost = api.request("GET", f"/v1/destinations/{healthy['id']}/stats").json()
+    assert (lost["attempts"], lost["transport_error"], lost["pending"]) == (5, 1, 1)
+
     for query in ("window=0s", "window=2d", "window=soon", "dead_since=now"):
         assert_error(api.request("GET", f"/v1/destinations/{failing['id']}/stats?{query}"),
                      422)
