@@ -32,6 +32,7 @@ STATUS_DESTINATIONS = _load("status_destinations")
 STATUS_TABLES = _load("status_tables")
 STATUS_INDEXES = _load("status_indexes")
 STATUS_STATEMENTS = _load("status_statements")
+STATUS_SETTINGS = _load("status_settings")
 BREAKER_DEFER = _load("breaker_defer")
 # The console's reads (engine/ingress/console_store.py).
 CONSOLE_EVENTS = _load("console_events")

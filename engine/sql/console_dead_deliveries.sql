@@ -3,7 +3,7 @@
 -- destination fails before replaying it.
 --   $1 destination id bigint (NULL: any), $2 before id bigint (NULL: first page),
 --   $3 limit int
--- Served by the partial indexes of dead rows only (schema/006), walked backwards from the
+-- Served by the partial indexes of dead rows only (schema/007), walked backwards from the
 -- cursor: the general listing (store.py) filters status on finished_deliveries' whole
 -- (destination_id, id) range instead, which reads every finished delivery of the
 -- destination when few of them are dead (1.3 s with a million). Two branches so that each
