@@ -111,6 +111,8 @@ async def overview(conn: AsyncConnection, window_s: float) -> s.Overview:
                                         (status.TOP_DESTINATIONS,)),
             "tables": await _rows(conn, queries.STATUS_TABLES),
             "pg_stat_statements": await _statement_shares(conn),
+            # The ingress pool's session: opened like every engine process's.
+            "settings": (await _rows(conn, queries.STATUS_SETTINGS))[0],
         }
         minutes = await _fetchall(conn, queries.CONSOLE_MINUTES, ())
         destinations = await _fetchall(conn, queries.CONSOLE_DESTINATION_WINDOW, (window_s,))
