@@ -34,6 +34,8 @@ STATUS_INDEXES = _load("status_indexes")
 STATUS_STATEMENTS = _load("status_statements")
 STATUS_SETTINGS = _load("status_settings")
 BREAKER_DEFER = _load("breaker_defer")
+DEMO_DESTINATIONS = _load("demo_destinations")
+DEMO_ATTEMPTS = _load("demo_attempts")
 # The console's reads (engine/ingress/console_store.py).
 CONSOLE_EVENTS = _load("console_events")
 CONSOLE_EVENTS_BY_TYPE = _load("console_events_by_type")
