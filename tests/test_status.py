@@ -54,6 +54,9 @@ def build_state(conn: psycopg.Connection) -> tuple[int, int, int]:
 
 def test_numbers_equal_sql(conn: psycopg.Connection) -> None:
     busy, down, _ = build_state(conn)
+    # This session's table statistics (n_dead_tup) reach the shared view when it flushes
+    # them, at most once a second otherwise: flush now, so both reads below see them.
+    conn.execute("SELECT pg_stat_force_next_flush()")
     status = collect_status(conn, top=2)
     q = status["queue"]
     assert q["pending"] == one(conn, "SELECT count(*) FROM deliveries WHERE status = 'pending'")
