@@ -18,6 +18,7 @@ def _load(name: str) -> bytes:
 
 CLAIM_BATCH = _load("claim_batch")
 LOCK_CAPPED_DESTINATIONS = _load("lock_capped_destinations")
+TAKE_RATE_TOKENS = _load("take_rate_tokens")
 RECORD_RESULTS = _load("record_results")
 RETURN_CLAIMS = _load("return_claims")
 REPLAY_DELIVERY = _load("replay_delivery")
