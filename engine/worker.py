@@ -382,7 +382,7 @@ class DeliveryWorker:
         # Private targets are refused at connect time too: resolve, check and pin the
         # address (cached per host).
         self.http.start_checked(
-            claim.url, headers, body, timeout_ms, self.settings.allow_private_targets,
+            claim.url, headers, body, timeout_ms, self.settings.target_allowance,
             partial(self._on_response, claim, slots),
         )
 

@@ -26,3 +26,29 @@ ALTER TABLE destinations
 -- No index for the subscribers of operational events or for auto-disable: both read the
 -- (small) destinations table rarely, and every index on it slows breaker updates.
 CREATE INDEX destinations_rate_limited_idx ON destinations (id) WHERE rate_limit IS NOT NULL;
+
+-- Enqueue one operational event (engine/operational_events.py) to its subscribers: the
+-- destinations that list its type in event_types (a null event_types, "every type", is
+-- not a subscription to the engine's own events), never the destination `about`. Called
+-- by the statements whose state change causes the event (record_results.sql,
+-- return_claims.sql, auto_disable.sql), so it commits or rolls back with that change. An
+-- event nobody subscribes to is not stored. Returns the event id, or NULL.
+-- A function, not a copy of these CTEs in each caller: one definition of "who gets it".
+CREATE FUNCTION enqueue_operational_event(event_type text, about bigint, payload text)
+RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    WITH targets AS (
+        SELECT sub.id, CASE WHEN sub.ordered THEN '' END AS ordering_key
+          FROM destinations sub
+         WHERE event_type = ANY (sub.event_types) AND sub.id <> about
+           AND NOT sub.disabled AND sub.deleted_at IS NULL
+    ), event AS (
+        INSERT INTO events (type, payload, delivery_count)
+        SELECT event_type, payload, count(*) FROM targets HAVING count(*) > 0
+        RETURNING id
+    ), fanned_out AS (
+        INSERT INTO deliveries (event_id, destination_id, ordering_key)
+        SELECT event.id, targets.id, targets.ordering_key FROM event, targets
+         ORDER BY targets.id
+    )
+    SELECT id FROM event
+$$;

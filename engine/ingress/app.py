@@ -37,8 +37,8 @@ from engine.ingress.committer import Committer
 from engine.ingress.errors import ApiError
 from engine.ingress.metrics import IngressMetrics
 from engine.ingress.openapi import OPERATIONS, Operation, build_document
-from engine.queue import EventIn
 from engine.operational_events import RESERVED_EVENT_PREFIX
+from engine.queue import EventIn
 from engine.signing import generate_secret, secret_key
 from engine.targets import TargetError, validate_url
 
@@ -284,7 +284,7 @@ class IngressApp:
 
     def _check_url(self, url: str) -> str:
         try:
-            return validate_url(url, self.settings.allow_private_targets)
+            return validate_url(url, self.settings.target_allowance)
         except (TargetError, ValueError) as exc:
             raise errors.invalid(f"url: {exc}") from None
 

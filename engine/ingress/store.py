@@ -17,9 +17,9 @@ class DeliveryOptions(msgspec.Struct):
     """The per-destination delivery options, validated (engine/destination_options.py).
     On a PATCH, a field left UNSET keeps the column."""
 
-    rate_limit: float | None | msgspec.UnsetType = msgspec.UNSET
-    headers: dict[str, str] | None | msgspec.UnsetType = msgspec.UNSET
-    retry_schedule: list[float] | None | msgspec.UnsetType = msgspec.UNSET
+    rate_limit: float | msgspec.UnsetType | None = msgspec.UNSET
+    headers: dict[str, str] | msgspec.UnsetType | None = msgspec.UNSET
+    retry_schedule: list[float] | msgspec.UnsetType | None = msgspec.UNSET
 
     def params(self) -> tuple[object, ...]:
         """(set, value) pairs for PATCH_DESTINATION's $14-$19."""

@@ -43,4 +43,18 @@ WITH lost AS (
     UNION ALL
     SELECT id, attempt, now(), $3 FROM died
 )
-SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM died) AS died
+), operational AS (
+    -- engine.delivery.dead for each, as record_results.sql does (not for deliveries of
+    -- operational events); enqueue_operational_event() is in schema/006.
+    SELECT enqueue_operational_event('engine.delivery.dead', d.destination_id,
+               json_build_object(
+                   'type', 'engine.delivery.dead', 'delivery_id', d.id,
+                   'event_id', d.event_id, 'event_type', ev.type,
+                   'destination_id', d.destination_id, 'attempts', d.attempt,
+                   'time', now(), 'reason', $3)::text) AS event_id
+      FROM died d
+      JOIN events ev ON ev.id = d.event_id
+     WHERE ev.type NOT LIKE 'engine.%'
+)
+SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM died) AS died,
+       (SELECT count(event_id) FROM operational) AS operational_events
