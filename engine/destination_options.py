@@ -97,4 +97,4 @@ def format_duration(seconds: float) -> str:
         count = seconds / size
         if count >= 1 and count == int(count):
             return f"{int(count)}{unit}"
-    return f"{round(seconds * 1000, 3):g}ms"
+    return f"{seconds * 1000:.3f}".rstrip("0").rstrip(".") + "ms"

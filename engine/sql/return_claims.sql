@@ -42,7 +42,6 @@ WITH lost AS (
     SELECT id, attempt, now(), $3 FROM requeued
     UNION ALL
     SELECT id, attempt, now(), $3 FROM died
-)
 ), operational AS (
     -- engine.delivery.dead for each, as record_results.sql does (not for deliveries of
     -- operational events); enqueue_operational_event() is in schema/006.
