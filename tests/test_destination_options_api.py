@@ -84,7 +84,7 @@ def test_options_are_stored_shown_and_patched(api: IngressProcess) -> None:
     ({"headers": {"X-A": "one\r\nX-Injected: two"}}, "CR or LF"),
     ({"headers": {"X-A": "line\nbreak"}}, "headers['X-A']"),
     ({"headers": {"X-A": "x" * 1025}}, "headers"),
-    ({"headers": {"X-A": "é" * 513}}, "over 1024 bytes"),
+    ({"headers": {"X-A": "café"}}, "printable ASCII"),
     ({"headers": {"Bad Name": "v"}}, "headers"),
     ({"headers": {"X-A": "1", "x-a": "2"}}, "given twice"),
     ({"headers": {f"X-{i}": "v" for i in range(21)}}, "headers"),
@@ -136,7 +136,7 @@ def test_openapi_documents_the_options(api: IngressProcess) -> None:
 
 TOKEN_CHARS = "!#$%&'*+.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-"
 names = st.text(TOKEN_CHARS, min_size=1, max_size=40)
-values = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=200)
+values = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=200)
 
 
 @settings(max_examples=200)
