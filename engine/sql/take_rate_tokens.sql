@@ -10,9 +10,12 @@
 -- Why a token bucket in the destination row: the limit holds across processes and hosts
 -- with nothing but the database, whose clock (now()) every claimer shares, and the state
 -- is two columns on a row the claim reads anyway. The bucket holds at most one second's
--- worth (rate_limit tokens, but at least one: a request is not divisible) and starts full: over any window of T seconds a destination
--- is sent at most rate * T plus that one burst of rate. A full bucket refills in a second,
--- and workers claim at least that often while there is backlog (the worker schedules its
+-- worth (rate_limit tokens, but at least one: a request is not divisible), so over any
+-- window of T seconds a destination is sent at most rate * T plus one burst of the rate
+-- (after it was idle). It starts empty, not full: what the receiver sees is the claims
+-- shifted by their send latency, and a first batch sent late (new connections) would
+-- otherwise crowd a window with a full burst plus the refill. A full bucket refills in a
+-- second, and workers claim at least that often while there is backlog (the worker schedules its
 -- next claim for when tokens are due), so a limit with backlog is used fully.
 -- Why SKIP LOCKED on the destination row: a claimer spending one destination's tokens
 -- makes the others skip only that destination, for the length of its claim; nothing else
@@ -27,9 +30,10 @@
 WITH due AS (
     SELECT dest.id,
            least(greatest(dest.rate_limit, 1),
-                 coalesce(dest.rate_tokens, greatest(dest.rate_limit, 1))
+                 coalesce(dest.rate_tokens, 0)
                  + dest.rate_limit * greatest(0, extract(epoch FROM statement_timestamp()
-                                                 - dest.rate_refilled_at))) AS tokens
+                                                 - dest.rate_refilled_at))) AS tokens,
+           dest.rate_refilled_at IS NULL AS unstarted
       FROM destinations dest
      WHERE dest.rate_limit IS NOT NULL
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
@@ -42,7 +46,10 @@ WITH due AS (
      LIMIT 32
        FOR NO KEY UPDATE OF dest SKIP LOCKED
 ), taken AS (
-    SELECT id, tokens, least(floor(tokens), $1)::int AS n FROM due WHERE tokens >= 1
+    -- A bucket without a whole token is left alone (no write), unless it is new: then its
+    -- clock starts now.
+    SELECT id, tokens, least(floor(tokens), $1)::int AS n FROM due
+     WHERE tokens >= 1 OR unstarted
 )
 UPDATE destinations dest
    SET rate_tokens = t.tokens - t.n,
