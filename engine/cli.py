@@ -50,7 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-private-targets", action="store_true", default=None,
         help="allow loopback/private destination addresses (demo, bench, tests)",
     )
+    parser.add_argument(
+        "--allow-targets", metavar="CIDR[,CIDR...]",
+        help="permit only these private ranges as destinations (e.g. 10.1.0.0/16); every"
+             " other private, loopback or reserved target stays refused",
+    )
     parser.add_argument("--retry-schedule", help="comma-separated delays, e.g. 5s,5m,30m,2h")
+    parser.add_argument(
+        "--disable-after",
+        help="disable a destination whose attempts have all failed this long (default 5d)",
+    )
     parser.add_argument("--max-in-flight", type=int, help="concurrent requests per worker")
     parser.add_argument("--lease", help="claim lease, e.g. 60s (must exceed max timeout + 15s)")
     parser.add_argument("--max-timeout", help="longest per-destination request timeout, e.g. 30s")
@@ -81,6 +90,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ingress_procs=getattr(args, "ingress_procs", None),
         worker_nice=getattr(args, "worker_nice", None),
         allow_private_targets=getattr(args, "allow_private_targets", None),
+        allow_targets=getattr(args, "allow_targets", None),
+        disable_after=getattr(args, "disable_after", None),
         retry_schedule=getattr(args, "retry_schedule", None),
         max_in_flight=getattr(args, "max_in_flight", None),
         lease=getattr(args, "lease", None),

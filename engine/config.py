@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.retry import DEFAULT_SCHEDULE, parse_duration, parse_schedule
+from engine.targets import Allowance, IPNetwork, parse_allowed_networks
 
 # A lease must outlive the longest request plus this much: time to flush results and for
 # clocks to disagree. A lease shorter than a request means a second worker may send the
@@ -34,6 +35,9 @@ class Settings:
     # supervisor._run_worker for why.
     worker_nice: int = 10
     allow_private_targets: bool = False
+    # Private ranges permitted as targets (an internal deployment's own network); every
+    # other refusal stays. --allow-private-targets permits them all instead.
+    allow_targets: tuple[IPNetwork, ...] = ()
     retry_schedule: tuple[float, ...] = DEFAULT_SCHEDULE
     # Per-request timeout bounds; a destination's timeout_ms must lie within them.
     default_timeout_ms: int = 10_000
@@ -47,6 +51,8 @@ class Settings:
     drain_deadline_s: float = 30.0
     max_body_bytes: int = 256 * 1024
     retention_days: float = 30.0
+    # A destination whose attempts have all failed this long is disabled (SPEC: 5 days).
+    disable_after_s: float = 5 * 86400.0
     data_dir: Path = Path(".engine")
     api_token: str | None = None
 
@@ -62,6 +68,8 @@ class Settings:
             raise ConfigError("default_timeout_ms must be positive and at most max_timeout_ms")
         if not 0 <= self.first_attempt_share < 1:
             raise ConfigError("first_attempt_share must be in [0, 1)")
+        if self.disable_after_s <= 0:
+            raise ConfigError("disable_after must be a positive duration")
         if self.max_in_flight < 1:
             raise ConfigError("max_in_flight must be at least 1")
         if not 0 <= self.worker_nice <= 19:
@@ -72,11 +80,17 @@ class Settings:
         return self
 
     @property
+    def target_allowance(self) -> Allowance:
+        """What engine.targets may reach besides public addresses."""
+        return True if self.allow_private_targets else self.allow_targets
+
+    @property
     def max_attempts(self) -> int:
         return len(self.retry_schedule) + 1
 
 
 _DURATION_MS_KEYS = {"default_timeout", "max_timeout", "lease"}
+_DURATION_S_KEYS = {"disable_after"}
 
 
 def _coerce(key: str, value: Any) -> tuple[str, Any]:
@@ -88,6 +102,14 @@ def _coerce(key: str, value: Any) -> tuple[str, Any]:
     if key in _DURATION_MS_KEYS:
         seconds = parse_duration(value) if isinstance(value, str) else float(value)
         return f"{key}_ms", int(seconds * 1000)
+    if key in _DURATION_S_KEYS:
+        return f"{key}_s", parse_duration(value) if isinstance(value, str) else float(value)
+    if key == "allow_targets":
+        text = value if isinstance(value, str) else ",".join(value)
+        try:
+            return key, parse_allowed_networks(text)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if key == "data_dir":
         return key, Path(value)
     return key, value

@@ -25,6 +25,7 @@ import msgspec
 import pycurl
 
 from engine.targets import (
+    Allowance,
     TargetRefused,
     TargetUnresolvable,
     cached_pin,
@@ -116,7 +117,7 @@ def _target_error(exc: TargetRefused | TargetUnresolvable) -> str:
     return "dns" if isinstance(exc, TargetUnresolvable) else "refused_target"
 
 
-def _ready_pin(url: str, allow_private: bool) -> tuple[bool, str | None]:
+def _ready_pin(url: str, allow_private: Allowance) -> tuple[bool, str | None]:
     """(known, pin) for the connect-time check, without waiting: known for an IP literal
     (no DNS, so nothing to pin: it is checked as is) and for a host whose checked address
     is cached. Raises TargetRefused for a refused target."""
@@ -327,11 +328,11 @@ class CurlPool:
         headers: list[str],
         body: bytes,
         timeout_ms: int,
-        allow_private: bool,
+        allow_private: Allowance,
     ) -> HttpResult:
         """`post` after the connect-time target check; a refused or unresolvable
         target becomes a failed result (`refused_target` / `dns`), not an exception."""
-        if allow_private:
+        if allow_private is True:
             return await self.post(url, headers, body, timeout_ms)
         started_at = time.time()
         try:
@@ -348,14 +349,14 @@ class CurlPool:
         headers: list[str],
         body: bytes,
         timeout_ms: int,
-        allow_private: bool,
+        allow_private: Allowance,
         on_done: OnDone,
     ) -> None:
         """`start` after the connect-time target check. A host whose checked address is
         cached (the usual case) starts at once; only the first request to a host in a
         while waits for its lookup, as a task. A refused target reaches `on_done` as a
         failed result, from the loop like every other result."""
-        if allow_private:
+        if allow_private is True:
             self._begin(url, headers, body, timeout_ms, None, on_done)
             return
         try:

@@ -6,7 +6,9 @@ the others poll to take over. Jobs, each in bounded batches of short transaction
 - retention: finished deliveries, their attempts and then unreferenced events older than
   `retention_days` are deleted;
 - breaker_defer: due deliveries of destinations whose breaker is open move to the end of
-  the pause, out of the claim's way (engine/sql/breaker_defer.sql).
+  the pause, out of the claim's way (engine/sql/breaker_defer.sql);
+- auto_disable: destinations whose attempts have all failed for `disable_after` are
+  disabled, with an operational event (engine/sql/auto_disable.sql).
 Each job run that did something logs one JSON line to stderr; so do leadership changes.
 """
 
@@ -34,6 +36,9 @@ BREAKER_DEFER_INTERVAL_S = 2.0
 BREAKER_DEFER_BATCH = 1000
 BREAKER_DEFER_BUDGET_S = 5.0
 RETENTION_INTERVAL_S = 300.0
+# Often enough that a short disable_after (tests, demos) is honoured within seconds; the
+# statement reads only the small destinations table.
+AUTO_DISABLE_INTERVAL_S = 2.0
 RETENTION_BUDGET_S = 20.0
 
 class Job:
@@ -59,7 +64,14 @@ def _jobs(settings: Settings, leadership: Leadership) -> list[Job]:
     def breaker_defer(conn: psycopg.Connection) -> dict[str, Any]:
         return {"deferred": defer_open_breakers(conn, keep_going=leadership.heartbeat)}
 
+    def auto_disable(conn: psycopg.Connection) -> dict[str, Any]:
+        with conn.transaction():
+            row = _run(conn, queries.AUTO_DISABLE, (settings.disable_after_s,)).fetchone()
+        assert row is not None
+        return {"disabled": int(row[0]), "operational_events": int(row[1])}
+
     return [Job("reaper", REAPER_INTERVAL_S, reaper),
+            Job("auto_disable", AUTO_DISABLE_INTERVAL_S, auto_disable),
             Job("breaker_defer", BREAKER_DEFER_INTERVAL_S, breaker_defer),
             Job("retention", RETENTION_INTERVAL_S, retention)]
 

@@ -18,6 +18,7 @@ def _load(name: str) -> bytes:
 
 CLAIM_BATCH = _load("claim_batch")
 LOCK_CAPPED_DESTINATIONS = _load("lock_capped_destinations")
+TAKE_RATE_TOKENS = _load("take_rate_tokens")
 RECORD_RESULTS = _load("record_results")
 RETURN_CLAIMS = _load("return_claims")
 REPLAY_DELIVERY = _load("replay_delivery")
@@ -34,6 +35,7 @@ STATUS_INDEXES = _load("status_indexes")
 STATUS_STATEMENTS = _load("status_statements")
 STATUS_SETTINGS = _load("status_settings")
 BREAKER_DEFER = _load("breaker_defer")
+AUTO_DISABLE = _load("auto_disable")
 DEMO_DESTINATIONS = _load("demo_destinations")
 DEMO_ATTEMPTS = _load("demo_attempts")
 # The console's reads (engine/ingress/console_store.py).

@@ -67,6 +67,9 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
     secrets: list[str]
     payload: str
     max_in_flight: int | None = None  # the destination's cap on concurrent requests
+    headers: dict[str, str] | None = None  # the destination's static extra headers
+    retry_schedule: list[float] | None = None  # its own retry delays (seconds), if any
+    rate_limit: float | None = None  # its requests per second, if limited
 
 
 OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
@@ -111,11 +114,20 @@ class EventIn:
 
 def claim_params(
     worker: str, limit: int, lease_ms: int, first_attempt_reserve: int, capped: list[int],
-    skip_destinations: Sequence[int] = (),
+    skip_destinations: Sequence[int] = (), rate_tokens: Sequence[tuple[int, int]] = (),
 ) -> tuple[object, ...]:
     """Parameters of claim_batch.sql (shared by the sync and async queue functions);
-    `capped` is what lock_capped_destinations.sql returned in the same transaction."""
-    return (worker, limit, first_attempt_reserve, lease_ms, capped, list(skip_destinations))
+    `capped` is what lock_capped_destinations.sql returned in the same transaction, and
+    `rate_tokens` the (destination id, tokens) rows of take_rate_tokens.sql."""
+    return (
+        worker, limit, first_attempt_reserve, lease_ms, capped, list(skip_destinations),
+        [destination for destination, _ in rate_tokens], [n for _, n in rate_tokens],
+    )
+
+
+def rate_token_params(limit: int, skip_destinations: Sequence[int] = ()) -> tuple[object, ...]:
+    """Parameters of take_rate_tokens.sql."""
+    return (limit, list(skip_destinations))
 
 
 def record_params(
@@ -156,8 +168,11 @@ def claim_batch(
         capped = [row[0] for row in _run(
             conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
         ).fetchall()]
+        tokens = _run(
+            conn, queries.TAKE_RATE_TOKENS, rate_token_params(limit, skip_destinations)
+        ).fetchall()
         params = claim_params(
-            worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations
+            worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations, tokens
         )
         rows = _run(conn, queries.CLAIM_BATCH, params).fetchall()
     return [Claim(*row) for row in rows]

@@ -18,6 +18,7 @@ from engine.queue import (
     Result,
     _run_async,
     claim_params,
+    rate_token_params,
     record_params,
 )
 
@@ -37,10 +38,15 @@ async def claim_batch(
         cursor = await _run_async(
             conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
         )
+        # Rate-limit tokens in the same round trip (take_rate_tokens.sql).
+        tokens_cursor = await _run_async(
+            conn, queries.TAKE_RATE_TOKENS, rate_token_params(limit, skip_destinations)
+        )
         await pipeline.sync()
         capped = [row[0] for row in await cursor.fetchall()]
+        tokens = await tokens_cursor.fetchall()
         params = claim_params(
-            worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations
+            worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations, tokens
         )
         claimed = await _run_async(conn, queries.CLAIM_BATCH, params)
     return [Claim(*row) for row in await claimed.fetchall()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 import re
+from collections.abc import Sequence
 
 # The Standard Webhooks example schedule: delays after the first failed attempt.
 DEFAULT_SCHEDULE: tuple[float, ...] = (
@@ -36,13 +37,13 @@ def parse_schedule(text: str) -> tuple[float, ...]:
     return delays
 
 
-def max_attempts(schedule: tuple[float, ...]) -> int:
+def max_attempts(schedule: Sequence[float]) -> int:
     """The first attempt plus one per scheduled retry."""
     return len(schedule) + 1
 
 
 def retry_delay(
-    schedule: tuple[float, ...], attempt: int, rng: random.Random | None = None
+    schedule: Sequence[float], attempt: int, rng: random.Random | None = None
 ) -> float | None:
     """Seconds until the next try after failed attempt number `attempt` (1-based), with
     ±20 % jitter so a burst of failures does not come back as a burst; None when that was

@@ -7,7 +7,7 @@ import binascii
 import hashlib
 import hmac
 import secrets as _random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 from engine import __version__
@@ -71,9 +71,14 @@ def sign(secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes) -> st
     )
 
 
-def build_headers(secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes) -> list[str]:
-    """curl-style header lines for one delivery attempt."""
-    return [
+def build_headers(
+    secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes,
+    extra: Mapping[str, str] | None = None,
+) -> list[str]:
+    """curl-style header lines for one delivery attempt; `extra` are the destination's
+    static headers, whose names never collide with these (engine/destination_options.py
+    refuses them), so they cannot replace the signature."""
+    lines = [
         f"webhook-id: {msg_id}",
         f"webhook-timestamp: {timestamp}",
         f"webhook-signature: {sign(secrets, msg_id, timestamp, body)}",
@@ -82,3 +87,6 @@ def build_headers(secrets: Sequence[str], msg_id: str, timestamp: int, body: byt
         # An empty Expect stops curl waiting for `100 Continue` on bodies over 1 KiB.
         "Expect:",
     ]
+    if extra:
+        lines.extend(f"{name}: {value}" for name, value in extra.items())
+    return lines

@@ -21,6 +21,11 @@ RESOLVE_FAILURE_TTL_S = 5.0
 RESOLVE_CACHE_MAX = 10_000
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+# What may be reached besides public addresses: True for every private target
+# (--allow-private-targets), or the networks --allow-targets lists (False or (): none).
+# Every check below takes one as its `allow_private`.
+Allowance = bool | tuple[IPNetwork, ...]
 
 CGNAT = ipaddress.IPv4Network("100.64.0.0/10")
 NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
@@ -70,6 +75,34 @@ def is_public_address(ip: IPAddress) -> bool:
     return all(is_public_address(v4) for v4 in _embedded_ipv4(ip))
 
 
+def parse_allowed_networks(text: str) -> tuple[IPNetwork, ...]:
+    """`--allow-targets 10.0.0.0/8,fd00::/8` -> networks; ValueError naming a bad one."""
+    networks = []
+    for part in text.split(","):
+        cidr = part.strip()
+        if not cidr:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(cidr, strict=True))
+        except ValueError as exc:
+            raise ValueError(f"allow_targets: {cidr!r} is not a network in CIDR form: {exc}"
+                             ) from None
+    if not networks:
+        raise ValueError("allow_targets: list at least one network, e.g. 10.0.0.0/8")
+    return tuple(networks)
+
+
+def _permitted(ip: IPAddress, allow_private: Allowance) -> bool:
+    """Public, or inside one of the allowed networks. Only the address as written counts:
+    an IPv4-mapped or other embedding of an allowed IPv4 address is still refused, so the
+    allow-list means exactly the ranges it names."""
+    if is_public_address(ip):
+        return True
+    if isinstance(allow_private, tuple):
+        return any(ip.version == net.version and ip in net for net in allow_private)
+    return False
+
+
 def parse_ip_host(host: str) -> IPAddress | None:
     """The address a host string denotes numerically, as curl and libc read it, else None.
 
@@ -91,20 +124,22 @@ def _is_localhost_name(host: str) -> bool:
     return host == "localhost" or host.endswith(".localhost")
 
 
-def check_host(host: str, allow_private: bool) -> IPAddress | None:
+def check_host(host: str, allow_private: Allowance) -> IPAddress | None:
     """Apply the creation-time policy to a lower-cased host; returns its IP if numeric."""
     bare = host.removesuffix(".")
     ip = parse_ip_host(bare)
-    if allow_private:
+    if allow_private is True:
         return ip
+    # A name is checked by what it resolves to (at connect time); `localhost` is refused
+    # outright unless every private target is allowed, whatever the allow-list.
     if _is_localhost_name(bare):
         raise TargetRefused(f"url host {host!r} is a loopback name")
-    if ip is not None and not is_public_address(ip):
+    if ip is not None and not _permitted(ip, allow_private):
         raise TargetRefused(f"url host {host!r} is a private or reserved address ({ip})")
     return ip
 
 
-def validate_url(url: str, allow_private: bool) -> str:
+def validate_url(url: str, allow_private: Allowance) -> str:
     """The normalised destination URL, or TargetRefused saying what is wrong with it."""
     if len(url) > MAX_URL_LENGTH:
         raise TargetRefused(f"url is longer than {MAX_URL_LENGTH} characters")
@@ -147,11 +182,11 @@ def validate_url(url: str, allow_private: bool) -> str:
     return f"{scheme}://{netloc}{path}{query}"
 
 
-def _check_resolved(host: str, addresses: list[str], allow_private: bool) -> str:
+def _check_resolved(host: str, addresses: list[str], allow_private: Allowance) -> str:
     """The address to pin; every resolved address must pass, so mixed answers are refused."""
-    if not allow_private:
+    if allow_private is not True:
         for address in addresses:
-            if not is_public_address(ipaddress.ip_address(address.partition("%")[0])):
+            if not _permitted(ipaddress.ip_address(address.partition("%")[0]), allow_private):
                 raise TargetRefused(f"host {host!r} resolves to a refused address ({address})")
     return addresses[0]
 
@@ -160,7 +195,7 @@ def _addresses(infos: list[tuple]) -> list[str]:
     return [str(sockaddr[0]) for *_, sockaddr in infos]
 
 
-def resolve_and_check(host: str, port: int, allow_private: bool) -> str:
+def resolve_and_check(host: str, port: int, allow_private: Allowance) -> str:
     """Resolve `host` (blocking) and return the one address to pin for this connection."""
     check_host(host.lower(), allow_private)
     try:
@@ -216,10 +251,10 @@ def _lookup(host: str, port: int) -> asyncio.Task[list[str]]:
 
 
 # (host, port) -> (the lookup task it was checked from, allow_private, the address to pin)
-_checked_pins: dict[tuple[str, int], tuple[asyncio.Task[list[str]], bool, str]] = {}
+_checked_pins: dict[tuple[str, int], tuple[asyncio.Task[list[str]], Allowance, str]] = {}
 
 
-def cached_pin(host: str, port: int, allow_private: bool) -> str | None:
+def cached_pin(host: str, port: int, allow_private: Allowance) -> str | None:
     """The address to pin from a fresh, finished lookup on this loop, without waiting (the
     worker's path for every request but a host's first in a while); None when there is no
     such lookup yet. Raises TargetRefused like `resolve_and_check_async`."""
@@ -242,7 +277,7 @@ def cached_pin(host: str, port: int, allow_private: bool) -> str | None:
     return pin
 
 
-async def resolve_and_check_async(host: str, port: int, allow_private: bool) -> str:
+async def resolve_and_check_async(host: str, port: int, allow_private: Allowance) -> str:
     """`resolve_and_check` on the running loop, with answers cached for RESOLVE_TTL_S."""
     check_host(host.lower(), allow_private)
     # shield: one caller's cancellation must not cancel the lookup others share.

@@ -21,6 +21,7 @@ import signal
 import time
 from bisect import bisect_left
 from collections import Counter, deque
+from collections.abc import Sequence
 from functools import partial
 
 import psycopg
@@ -50,6 +51,10 @@ RECONNECT_DELAY_S = 1.0
 MAX_RETRY_AFTER_S = 3600.0
 STORED_BODY_BYTES = 4096
 SWEEP_INTERVAL_S = 1.0
+# After a claim with rate-limited deliveries, the next claim comes within a token's time,
+# bounded: often enough that a full bucket (one second's worth) never overflows.
+RATE_RECHECK_MIN_S = 0.05
+RATE_RECHECK_MAX_S = 0.5
 # A claim waiting for its destination's max_in_flight must still be sent within its
 # lease: it is released once less than its timeout plus this margin is left.
 LEASE_SAFETY_MS = 10_000
@@ -283,7 +288,17 @@ class DeliveryWorker:
                     self._release(claim)
             else:
                 self._dispatch(claims)
+                self._recheck_rate_limited(claims)
             self.metrics.in_flight.set(self.sending)
+
+    def _recheck_rate_limited(self, claims: list[Claim]) -> None:
+        """Claim again soon after serving a rate-limited destination: its tokens refill
+        while this worker would otherwise wait for the poll interval, and a bucket that
+        fills up wastes what it cannot hold (take_rate_tokens.sql)."""
+        fastest = max((c.rate_limit for c in claims if c.rate_limit is not None), default=None)
+        if fastest is not None:
+            wait = min(RATE_RECHECK_MAX_S, max(RATE_RECHECK_MIN_S, 1 / fastest))
+            self.retry_due = min(self.retry_due, time.monotonic() + wait)
 
     async def _reconnect_claim(self) -> None:
         await self.claim_conn.close()
@@ -320,9 +335,8 @@ class DeliveryWorker:
 
     def _dispatch(self, claims: list[Claim]) -> None:
         now = time.monotonic()
-        max_attempts = self.settings.max_attempts
         for claim in claims:
-            if claim.attempt > max_attempts:
+            if claim.attempt > len(self._schedule(claim)) + 1:
                 # Lost attempts (dead workers, expired leases) used the last one up.
                 self._add_result(
                     Result(claim.id, claim.attempt, "dead", _utcnow(), error=EXHAUSTED)
@@ -353,7 +367,8 @@ class DeliveryWorker:
         body = claim.payload.encode()
         try:
             headers = build_headers(
-                claim.secrets, message_id(claim.event_id), int(time.time()), body
+                claim.secrets, message_id(claim.event_id), int(time.time()), body,
+                claim.headers,
             )
         except ValueError as exc:  # a malformed secret: a failed attempt, not a crash
             self._add_result(self._failure(claim, _utcnow(), None, None, f"signing: {exc}"))
@@ -367,7 +382,7 @@ class DeliveryWorker:
         # Private targets are refused at connect time too: resolve, check and pin the
         # address (cached per host).
         self.http.start_checked(
-            claim.url, headers, body, timeout_ms, self.settings.allow_private_targets,
+            claim.url, headers, body, timeout_ms, self.settings.target_allowance,
             partial(self._on_response, claim, slots),
         )
 
@@ -427,7 +442,7 @@ class DeliveryWorker:
                           None, body)
         if status == 410 and response.error is None:
             # The destination is disabled by record_results; the delivery waits for it.
-            schedule = self.settings.retry_schedule
+            schedule = self._schedule(claim)
             delay = retry_delay(schedule, claim.attempt) or schedule[-1]
             return Result(claim.id, claim.attempt, "gone", started, duration, status,
                           "HTTP 410", body, _utcnow() + dt.timedelta(seconds=delay))
@@ -437,11 +452,16 @@ class DeliveryWorker:
             retry_after,
         )
 
+    def _schedule(self, claim: Claim) -> Sequence[float]:
+        """The destination's own retry schedule as of this claim, else the engine's: a
+        schedule changed meanwhile applies from the next failure on."""
+        return claim.retry_schedule or self.settings.retry_schedule
+
     def _failure(
         self, claim: Claim, started: dt.datetime, duration: int | None, status: int | None,
         error: str, body: str | None = None, retry_after: float | None = None,
     ) -> Result:
-        delay = retry_delay(self.settings.retry_schedule, claim.attempt)
+        delay = retry_delay(self._schedule(claim), claim.attempt)
         if delay is None:
             return Result(claim.id, claim.attempt, "dead", started, duration, status, error, body)
         if retry_after is not None:

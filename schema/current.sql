@@ -30,12 +30,22 @@ CREATE TABLE destinations (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     breaker_opened_at timestamp with time zone,
     in_flight integer DEFAULT 0 NOT NULL,
+    headers jsonb,
+    retry_schedule double precision[],
+    rate_limit double precision,
+    rate_tokens double precision,
+    rate_refilled_at timestamp with time zone,
+    failing_since timestamp with time zone,
+    disabled_at timestamp with time zone,
+    breaker_closed_at timestamp with time zone,
     CONSTRAINT destinations_max_in_flight_check CHECK ((max_in_flight > 0)),
+    CONSTRAINT destinations_rate_limit_check CHECK ((rate_limit > (0)::double precision)),
     CONSTRAINT destinations_timeout_ms_check CHECK ((timeout_ms > 0)),
     CONSTRAINT destinations_pkey PRIMARY KEY (id)
 );
 CREATE INDEX destinations_breaker_idx ON destinations (paused_until) WHERE (breaker <> 'closed'::breaker_state);
 CREATE INDEX destinations_capped_idx ON destinations (id) WHERE (max_in_flight IS NOT NULL);
+CREATE INDEX destinations_rate_limited_idx ON destinations (id) WHERE (rate_limit IS NOT NULL);
 
 CREATE TABLE events (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,

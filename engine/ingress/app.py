@@ -25,6 +25,12 @@ from msgspec import UNSET
 from engine import metrics as engine_metrics
 from engine import queue
 from engine.config import Settings
+from engine.destination_options import (
+    OptionError,
+    check_headers,
+    check_rate_limit,
+    check_retry_schedule,
+)
 from engine.ingress import errors, store
 from engine.ingress import schemas as s
 from engine.ingress.committer import Committer
@@ -32,6 +38,7 @@ from engine.ingress.console_api import ConsoleApi
 from engine.ingress.errors import ApiError
 from engine.ingress.metrics import IngressMetrics
 from engine.ingress.openapi import OPERATIONS, Operation, build_document
+from engine.operational_events import RESERVED_EVENT_PREFIX
 from engine.queue import EventIn
 from engine.signing import generate_secret, secret_key
 from engine.targets import TargetError, validate_url
@@ -279,7 +286,7 @@ class IngressApp(ConsoleApi):
 
     def _check_url(self, url: str) -> str:
         try:
-            return validate_url(url, self.settings.allow_private_targets)
+            return validate_url(url, self.settings.target_allowance)
         except (TargetError, ValueError) as exc:
             raise errors.invalid(f"url: {exc}") from None
 
@@ -289,6 +296,26 @@ class IngressApp(ConsoleApi):
                 f"timeout_ms: must be from 1 to {self.settings.max_timeout_ms}"
             )
         return timeout_ms
+
+    def _check_options(
+        self, body: s.DestinationCreate | s.DestinationPatch
+    ) -> store.DeliveryOptions:
+        """The per-destination delivery options of a request, validated; UNSET stays UNSET
+        (a PATCH leaves those columns alone)."""
+        options = store.DeliveryOptions()
+        try:
+            if body.rate_limit is not UNSET:
+                options.rate_limit = (
+                    None if body.rate_limit is None else check_rate_limit(body.rate_limit))
+            if body.headers is not UNSET:
+                options.headers = None if body.headers is None else check_headers(body.headers)
+            if body.retry_schedule is not UNSET:
+                options.retry_schedule = (
+                    None if body.retry_schedule is None
+                    else check_retry_schedule(body.retry_schedule))
+        except OptionError as exc:
+            raise errors.invalid(str(exc)) from None
+        return options
 
     async def create_destination(self, request: Request) -> Response:
         body: s.DestinationCreate = await request.decode(s.DestinationCreate)
@@ -304,10 +331,11 @@ class IngressApp(ConsoleApi):
         timeout_ms = self._check_timeout(
             body.timeout_ms if body.timeout_ms is not None else self.settings.default_timeout_ms
         )
+        options = self._check_options(body)
         async with self._connection() as conn:
             destination = await store.create_destination(
                 conn, url, secret, body.event_types, body.max_in_flight, body.ordered,
-                timeout_ms,
+                timeout_ms, options,
             )
         return _json(201, destination)
 
@@ -331,6 +359,7 @@ class IngressApp(ConsoleApi):
         url = None if body.url is UNSET else self._check_url(body.url)
         timeout_ms = None if body.timeout_ms is UNSET else self._check_timeout(body.timeout_ms)
         new_secret = generate_secret() if body.rotate_secret is True else None
+        options = self._check_options(body)
         async with self._connection() as conn:
             destination = await store.patch_destination(
                 conn, request.path_id, url=url,
@@ -343,6 +372,7 @@ class IngressApp(ConsoleApi):
                 paused=None if body.paused is UNSET else body.paused,
                 disabled=None if body.disabled is UNSET else body.disabled,
                 new_secret=new_secret, previous_secret_ms=PREVIOUS_SECRET_MS,
+                options=options,
             )
         if destination is None:
             raise errors.not_found("destination")
@@ -370,6 +400,10 @@ class IngressApp(ConsoleApi):
     def _event_in(
         self, event: s.EventCreate | s.BatchEventCreate, idempotency_key: str | None
     ) -> EventIn:
+        if event.type.startswith(RESERVED_EVENT_PREFIX):
+            raise errors.invalid(
+                f"type: types starting with {RESERVED_EVENT_PREFIX!r} are reserved for the"
+                " engine's operational events")
         payload = bytes(event.payload)
         return EventIn(
             type=event.type,

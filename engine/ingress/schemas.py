@@ -38,6 +38,29 @@ EventTypes = Annotated[list[Name], Meta(max_length=1000)]
 MaxInFlight = Annotated[int, Meta(ge=1, le=MAX_IN_FLIGHT_CAP)]
 # The upper bound is the server's max_timeout_ms, checked by the handler.
 TimeoutMs = Annotated[int, Meta(ge=1, le=2**31 - 1)]
+# Per-destination options (engine/destination_options.py checks what a schema cannot say:
+# refused header names, CR/LF, value bytes, a non-decreasing schedule).
+HeaderName = Annotated[str, Meta(pattern="^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")]
+HeaderValue = Annotated[str, Meta(max_length=1024)]
+Headers = Annotated[
+    dict[HeaderName, HeaderValue],
+    Meta(max_length=20, description="Static request headers sent on every request; names"
+         " webhook-*, content-type, content-length, host, user-agent, connection,"
+         " transfer-encoding (and other hop-by-hop names, expect) are refused"),
+]
+RateLimit = Annotated[
+    float, Meta(gt=0, le=1_000_000, description="Requests per second, across every process")
+]
+Duration = Annotated[str, Meta(max_length=32, pattern="^\\s*\\d+(\\.\\d+)?\\s*(ms|s|m|h|d)\\s*$")]
+RetrySchedule = Annotated[
+    list[Duration],
+    Meta(min_length=1, max_length=50,
+         description="Delays after each failed attempt, replacing the engine's schedule"),
+]
+EventType = Annotated[
+    str, Meta(min_length=1, max_length=256, pattern=_NO_NUL,
+              description="Types starting with `engine.` are reserved (operational events)"),
+]
 DeliveryStatus = Literal["pending", "in_flight", "delivered", "dead"]
 BreakerState = Literal["closed", "open", "half_open"]
 
@@ -53,6 +76,9 @@ class DestinationCreate(_Request):
     max_in_flight: MaxInFlight | None = None
     ordered: bool = False
     timeout_ms: TimeoutMs | None = None
+    rate_limit: RateLimit | None = None
+    headers: Headers | None = None
+    retry_schedule: RetrySchedule | None = None
 
 
 class DestinationPatch(_Request):
@@ -61,6 +87,9 @@ class DestinationPatch(_Request):
     max_in_flight: MaxInFlight | UnsetType | None = UNSET
     ordered: bool | UnsetType = UNSET
     timeout_ms: TimeoutMs | UnsetType = UNSET
+    rate_limit: RateLimit | UnsetType | None = UNSET
+    headers: Headers | UnsetType | None = UNSET
+    retry_schedule: RetrySchedule | UnsetType | None = UNSET
     paused: bool | UnsetType = UNSET
     disabled: bool | UnsetType = UNSET
     rotate_secret: bool | UnsetType = UNSET
@@ -81,6 +110,11 @@ class Destination(msgspec.Struct):
     consecutive_failures: int
     created_at: dt.datetime
     updated_at: dt.datetime
+    rate_limit: float | None
+    headers: dict[str, str] | None
+    retry_schedule: list[str] | None
+    # The first failure since the last success: the auto-disable clock (null: healthy).
+    failing_since: dt.datetime | None
     # Present only in the answer to a creation or a rotation.
     secret: str | UnsetType = UNSET
     previous_secret_until: dt.datetime | None = None
@@ -91,7 +125,7 @@ class DestinationList(msgspec.Struct):
 
 
 class EventCreate(_Request):
-    type: Name
+    type: EventType
     # Any JSON value, kept as the exact text received: it is what gets signed and sent.
     payload: Raw
     destination_ids: Annotated[list[Id], Meta(max_length=1000)] | None = None
@@ -99,7 +133,7 @@ class EventCreate(_Request):
 
 
 class BatchEventCreate(_Request):
-    type: Name
+    type: EventType
     payload: Raw
     destination_ids: Annotated[list[Id], Meta(max_length=1000)] | None = None
     ordering_key: Key | None = None

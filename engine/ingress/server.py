@@ -125,11 +125,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--bind", default="127.0.0.1:0")
     parser.add_argument("--allow-private-targets", action="store_true", default=None)
+    parser.add_argument("--allow-targets")
     parser.add_argument("--max-body-bytes", type=int)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     settings = load_settings(
         dsn=args.dsn, allow_private_targets=args.allow_private_targets,
+        allow_targets=args.allow_targets,
         max_body_bytes=args.max_body_bytes,
     )
     run_ingress(settings, engine_conninfo(args.dsn), listen(args.bind), announce=True)

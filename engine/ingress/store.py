@@ -7,17 +7,46 @@ import msgspec
 from psycopg import AsyncConnection
 
 from engine import queue
+from engine.destination_options import format_duration
 from engine.ingress.schemas import Attempt, Delivery, DeliveryDetail, Destination, Event
+
+_json = msgspec.json.Encoder()
+
+
+class DeliveryOptions(msgspec.Struct):
+    """The per-destination delivery options, validated (engine/destination_options.py).
+    On a PATCH, a field left UNSET keeps the column."""
+
+    rate_limit: float | msgspec.UnsetType | None = msgspec.UNSET
+    headers: dict[str, str] | msgspec.UnsetType | None = msgspec.UNSET
+    retry_schedule: list[float] | msgspec.UnsetType | None = msgspec.UNSET
+
+    def params(self) -> tuple[object, ...]:
+        """(set, value) pairs for PATCH_DESTINATION's $14-$19."""
+        headers = self.headers
+        return (
+            self.rate_limit is not msgspec.UNSET, _value(self.rate_limit),
+            headers is not msgspec.UNSET,
+            None if headers is None or headers is msgspec.UNSET else _json.encode(headers).decode(),
+            self.retry_schedule is not msgspec.UNSET, _value(self.retry_schedule),
+        )
+
+
+def _value(value: object) -> object:
+    return None if value is msgspec.UNSET else value
 
 _DESTINATION_COLUMNS = b"""
     id, url, event_types, max_in_flight, ordered, timeout_ms, paused, disabled,
     disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
-    updated_at, secret, previous_secret_until
+    updated_at, rate_limit, headers, retry_schedule, failing_since, secret,
+    previous_secret_until
 """
 
 CREATE_DESTINATION = b"""
-INSERT INTO destinations (url, secret, event_types, max_in_flight, ordered, timeout_ms)
-VALUES ($1::text, $2::text, $3::text[], $4::int, $5::bool, $6::int)
+INSERT INTO destinations (url, secret, event_types, max_in_flight, ordered, timeout_ms,
+                          rate_limit, headers, retry_schedule)
+VALUES ($1::text, $2::text, $3::text[], $4::int, $5::bool, $6::int, $7::float8,
+        $8::text::jsonb, $9::float8[])
 RETURNING""" + _DESTINATION_COLUMNS
 
 LIST_DESTINATIONS = (
@@ -31,7 +60,8 @@ READ_DESTINATION = (
 
 # Every field is optional: a NULL value (or a false `set_*` flag for nullable columns)
 # keeps the column. Resuming (paused or disabled set to false) also closes the breaker,
-# so the operator's "go" is not held back by an old failure streak. Right-hand sides see
+# so the operator's "go" is not held back by an old failure streak, and restarts the
+# auto-disable clock (failing_since). Right-hand sides see
 # the old row, so `previous_secret = secret` keeps the secret being replaced.
 PATCH_DESTINATION = b"""
 UPDATE destinations SET
@@ -52,6 +82,12 @@ UPDATE destinations SET
     paused_until = CASE WHEN $13::bool THEN NULL ELSE paused_until END,
     consecutive_failures = CASE WHEN $13::bool THEN 0 ELSE consecutive_failures END,
     breaker_pause_ms = CASE WHEN $13::bool THEN 0 ELSE breaker_pause_ms END,
+    failing_since = CASE WHEN $13::bool THEN NULL ELSE failing_since END,
+    disabled_at = CASE WHEN $10::bool IS NULL THEN disabled_at
+                       WHEN $10::bool THEN coalesce(disabled_at, now()) END,
+    rate_limit = CASE WHEN $14::bool THEN $15::float8 ELSE rate_limit END,
+    headers = CASE WHEN $16::bool THEN $17::text::jsonb ELSE headers END,
+    retry_schedule = CASE WHEN $18::bool THEN $19::float8[] ELSE retry_schedule END,
     updated_at = now()
 WHERE id = $1::bigint AND deleted_at IS NULL
 RETURNING""" + _DESTINATION_COLUMNS
@@ -121,8 +157,9 @@ SELECT attempt, started_at, duration_ms, status_code, error, response_body
 
 
 def _destination(row: tuple, with_secret: bool = False) -> Destination:
-    *columns, secret, previous_until = row
-    destination = Destination(*columns)
+    *columns, schedule, failing_since, secret, previous_until = row
+    delays = None if schedule is None else [format_duration(d) for d in schedule]
+    destination = Destination(*columns, delays, failing_since)
     if with_secret:
         destination.secret = secret
         destination.previous_secret_until = previous_until
@@ -142,10 +179,13 @@ async def _fetchall(conn: AsyncConnection, statement: bytes, params: tuple) -> l
 async def create_destination(
     conn: AsyncConnection, url: str, secret: str, event_types: list[str] | None,
     max_in_flight: int | None, ordered: bool, timeout_ms: int,
+    options: DeliveryOptions | None = None,
 ) -> Destination:
+    _, rate, _, headers, _, schedule = (options or DeliveryOptions()).params()
     row = await _fetchone(
         conn, CREATE_DESTINATION,
-        (url, secret, event_types, max_in_flight, ordered, timeout_ms),
+        (url, secret, event_types, max_in_flight, ordered, timeout_ms, rate, headers,
+         schedule),
     )
     assert row is not None
     return _destination(row, with_secret=True)
@@ -166,6 +206,7 @@ async def patch_destination(
     set_max_in_flight: bool, max_in_flight: int | None,
     ordered: bool | None, timeout_ms: int | None, paused: bool | None,
     disabled: bool | None, new_secret: str | None, previous_secret_ms: int,
+    options: DeliveryOptions | None = None,
 ) -> Destination | None:
     resume = paused is False or disabled is False
     row = await _fetchone(
@@ -173,7 +214,7 @@ async def patch_destination(
         (
             destination_id, url, set_event_types, event_types, set_max_in_flight,
             max_in_flight, ordered, timeout_ms, paused, disabled, new_secret,
-            previous_secret_ms, resume,
+            previous_secret_ms, resume, *(options or DeliveryOptions()).params(),
         ),
     )
     return _destination(row, with_secret=new_secret is not None) if row else None

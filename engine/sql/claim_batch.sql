@@ -5,6 +5,8 @@
 --   $6 destination ids bigint[] this worker wants none of now: its requests to them are
 --      piling up unanswered (a dead or very slow endpoint), so more of their deliveries
 --      would only take the slots of healthy destinations. The scans walk past their rows.
+--   $7 rate-limited destination ids bigint[], $8 tokens int[]: what take_rate_tokens.sql
+--      just took for each in this transaction (its row is locked by us until we commit)
 --
 -- FOR UPDATE OF d SKIP LOCKED: lock only delivery rows. Without OF, the destination row
 -- would be locked too, and every other claimer would skip all of that destination's
@@ -38,6 +40,12 @@
 -- across processes and hosts (see lock_capped_destinations.sql). Uncapped destinations
 -- keep the plain scans; `dest.max_in_flight IS NULL` is a filter on a row the join reads
 -- anyway. A probe takes no slot (its destination is not locked; it is one delivery).
+--
+-- Destinations with a rate_limit take their deliveries only through `rated`: at most the
+-- tokens take_rate_tokens.sql took for them earlier in this transaction ($7/$8), and what
+-- is left over goes back to their bucket in the same statement (`rate_tokens_returned`).
+-- The plain scans and `capped` skip them (`dest.rate_limit IS NULL`, again a filter on a
+-- row the join reads anyway).
 WITH probed_destinations AS (
     UPDATE destinations dest
        SET breaker = 'half_open',
@@ -69,8 +77,51 @@ WITH probed_destinations AS (
             ORDER BY d.next_attempt_at
             LIMIT 1
               FOR UPDATE OF d SKIP LOCKED) p
+), rated_pick AS (
+    -- Rate-limited destinations take their deliveries only here: at most the tokens
+    -- take_rate_tokens.sql took for them ($7/$8), and, if also capped, at most the room
+    -- under max_in_flight (only while this transaction holds their capped lock, $5).
+    -- Kept apart from `capped` and the plain scans (which skip rate_limit rows) so either
+    -- path can change without the other.
+    SELECT r.destination_id, c.id, c.next_attempt_at
+      FROM unnest($7::bigint[], $8::int[]) AS r(destination_id, tokens)
+      JOIN destinations dest ON dest.id = r.destination_id
+     CROSS JOIN LATERAL (
+           SELECT d.id, d.next_attempt_at FROM deliveries d
+            WHERE d.destination_id = dest.id
+              AND d.status = 'pending'
+              AND d.next_attempt_at <= now()
+              AND (d.ordering_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM deliveries e
+                     WHERE e.destination_id = d.destination_id
+                       AND e.ordering_key = d.ordering_key
+                       AND e.id < d.id))
+            ORDER BY d.next_attempt_at
+            LIMIT CASE WHEN dest.max_in_flight IS NULL THEN r.tokens
+                       WHEN dest.id = ANY ($5::bigint[]) THEN greatest(0, least(r.tokens,
+                            dest.max_in_flight - dest.in_flight))
+                       ELSE 0 END
+              FOR UPDATE OF d SKIP LOCKED) c
+), rated AS (
+    SELECT destination_id, id, next_attempt_at FROM rated_pick
+     ORDER BY next_attempt_at
+     LIMIT $2 - (SELECT count(*) FROM probe)
+), rate_tokens_returned AS (
+    -- Tokens taken but not used (fewer due deliveries, the batch full) go back. The row
+    -- was updated by this transaction's take_rate_tokens.sql, which still holds it, so
+    -- this snapshot sees its current version.
+    UPDATE destinations dest
+       SET rate_tokens = dest.rate_tokens + r.tokens - r.used
+      FROM (SELECT t.destination_id, t.tokens,
+                   (SELECT count(*) FROM rated x WHERE x.destination_id = t.destination_id)
+                       AS used
+              FROM unnest($7::bigint[], $8::int[]) AS t(destination_id, tokens)) r
+     WHERE dest.id = r.destination_id AND r.used < r.tokens
+       -- A capped one's row is updated by `slots_taken`, and a row is updated once per
+       -- statement: its unused tokens are not returned (it is under-used, never over).
+       AND dest.id <> ALL ($5::bigint[])
 ), room AS (
-    SELECT $2 - count(*) AS n FROM probe
+    SELECT $2 - count(*) - (SELECT count(*) FROM rated) AS n FROM probe
 ), capped AS (
     SELECT c.id, c.next_attempt_at
       FROM destinations dest
@@ -90,6 +141,7 @@ WITH probed_destinations AS (
      WHERE dest.id = ANY ($5::bigint[])
        AND dest.id <> ALL ($6::bigint[])
        AND dest.max_in_flight IS NOT NULL
+       AND dest.rate_limit IS NULL  -- those are claimed through `rated`
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
 ), eligible_first AS (
@@ -102,6 +154,7 @@ WITH probed_destinations AS (
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
        AND dest.max_in_flight IS NULL
+       AND dest.rate_limit IS NULL
        AND d.destination_id <> ALL ($6::bigint[])
        AND (d.ordering_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM deliveries e
@@ -121,6 +174,7 @@ WITH probed_destinations AS (
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
        AND dest.max_in_flight IS NULL
+       AND dest.rate_limit IS NULL
        AND d.destination_id <> ALL ($6::bigint[])
        AND (d.ordering_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM deliveries e
@@ -133,6 +187,8 @@ WITH probed_destinations AS (
        FOR UPDATE OF d SKIP LOCKED
 ), chosen AS (
     SELECT id FROM probe
+    UNION ALL
+    SELECT id FROM rated
     UNION ALL
     (SELECT id FROM capped ORDER BY next_attempt_at LIMIT (SELECT n FROM room))
     UNION ALL
@@ -163,7 +219,7 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
        CASE WHEN dest.previous_secret IS NOT NULL AND dest.previous_secret_until > now()
             THEN ARRAY[dest.secret, dest.previous_secret]
             ELSE ARRAY[dest.secret] END AS secrets,
-       ev.payload, dest.max_in_flight
+       ev.payload, dest.max_in_flight, dest.headers, dest.retry_schedule, dest.rate_limit
   FROM claimed c
   JOIN destinations dest ON dest.id = c.destination_id
   JOIN events ev ON ev.id = c.event_id

@@ -8,6 +8,8 @@
 --   $3 breaker threshold int, $4 breaker base pause ms int, $5 breaker max pause ms int
 --   $6 advisory lock class int (the key space of "updating this destination's breaker")
 --   $7 notification channel text: the one idle workers LISTEN on (engine.queries)
+-- Returns the results applied, the breakers opened, the claimers woken and the
+-- operational events enqueued.
 --
 -- One JSON document, not one array per column: psycopg builds each array element by
 -- element in Python (6 us per result, a tenth of a worker's CPU per delivery), while the
@@ -133,7 +135,7 @@ WITH result AS (
     -- keeps its breaker as it is (the UNION ALL branch).
     UPDATE destinations dest
        SET (consecutive_failures, breaker, breaker_pause_ms, paused_until,
-            breaker_opened_at) = (
+            breaker_opened_at, breaker_closed_at, failing_since) = (
            SELECT t.failures,
                   CASE WHEN t.reopens OR t.opens THEN 'open'
                        WHEN s.any_ok THEN 'closed'
@@ -148,7 +150,15 @@ WITH result AS (
                        ELSE dest.paused_until END,
                   CASE WHEN t.opens THEN now()
                        WHEN s.any_ok THEN NULL
-                       ELSE dest.breaker_opened_at END
+                       ELSE dest.breaker_opened_at END,
+                  CASE WHEN s.any_ok AND NOT (t.reopens OR t.opens)
+                            AND dest.breaker <> 'closed' THEN now()
+                       ELSE dest.breaker_closed_at END,
+                  -- The auto-disable clock: since the first failure after the last success.
+                  CASE WHEN s.trailing_failures = 0 THEN
+                            CASE WHEN s.any_ok THEN NULL ELSE dest.failing_since END
+                       WHEN s.any_ok THEN now()
+                       ELSE coalesce(dest.failing_since, now()) END
              FROM (SELECT f.failures,
                           NOT s.any_ok AND dest.breaker = 'half_open' AS reopens,
                           (s.any_ok OR dest.breaker = 'closed') AND f.failures >= $3 AS opens,
@@ -159,18 +169,66 @@ WITH result AS (
             WHERE s.breaker_changes
            UNION ALL
            SELECT dest.consecutive_failures, dest.breaker, dest.breaker_pause_ms,
-                  dest.paused_until, dest.breaker_opened_at
+                  dest.paused_until, dest.breaker_opened_at, dest.breaker_closed_at,
+                  dest.failing_since
             WHERE NOT s.breaker_changes),
            disabled = dest.disabled OR s.any_gone,
            disabled_reason = CASE WHEN s.any_gone AND NOT dest.disabled
                                   THEN 'endpoint answered 410 Gone'
                                   ELSE dest.disabled_reason END,
+           disabled_at = CASE WHEN s.any_gone AND NOT dest.disabled THEN now()
+                              ELSE dest.disabled_at END,
            updated_at = CASE WHEN s.breaker_changes THEN now() ELSE dest.updated_at END,
            in_flight = dest.in_flight - s.slots_freed
       FROM serialized s
      WHERE dest.id = s.destination_id
- RETURNING dest.id, dest.breaker, s.breaker_changes,
+ -- Which changes this statement made: the columns it set to its own transaction's now()
+ -- (RETURNING sees only the new row on PostgreSQL before 18, and `serialized` may have
+ -- read an older one). Another transaction would have to have begun in the same
+ -- microsecond to be mistaken for this one.
+ RETURNING dest.id, dest.breaker, dest.url, dest.consecutive_failures, dest.disabled_reason,
+           dest.breaker = 'open' AND dest.breaker_opened_at = now() AS opened,
+           dest.breaker_closed_at = now() AS recovered,
+           dest.disabled_at = now() AS disabled_now, s.breaker_changes,
            dest.in_flight + s.slots_freed >= dest.max_in_flight AS was_full
+), operational AS (
+    -- The operational events this batch causes (engine/operational_events.py), enqueued
+    -- by this statement (enqueue_operational_event(), schema/008), so in the transaction
+    -- of the change itself. A dead delivery of
+    -- an operational event causes none: a failing subscriber cannot feed itself.
+    SELECT 'engine.destination.breaker_opened' AS type, b.id AS about,
+           json_build_object(
+               'type', 'engine.destination.breaker_opened', 'destination_id', b.id,
+               'url', b.url, 'time', now(),
+               'reason', format('%s consecutive failed attempts', b.consecutive_failures)
+           )::text AS payload
+      FROM breaker b WHERE b.opened
+    UNION ALL
+    SELECT 'engine.destination.recovered', b.id,
+           json_build_object(
+               'type', 'engine.destination.recovered', 'destination_id', b.id,
+               'url', b.url, 'time', now(),
+               'reason', 'a delivery succeeded after the breaker had opened')::text
+      FROM breaker b WHERE b.recovered
+    UNION ALL
+    SELECT 'engine.destination.disabled', b.id,
+           json_build_object(
+               'type', 'engine.destination.disabled', 'destination_id', b.id,
+               'url', b.url, 'time', now(), 'reason', b.disabled_reason)::text
+      FROM breaker b WHERE b.disabled_now
+    UNION ALL
+    SELECT 'engine.delivery.dead', f.destination_id,
+           json_build_object(
+               'type', 'engine.delivery.dead', 'delivery_id', f.id, 'event_id', f.event_id,
+               'event_type', ev.type, 'destination_id', f.destination_id,
+               'attempts', f.attempt, 'time', now(), 'reason', left(f.error, 500))::text
+      FROM finished f
+      JOIN events ev ON ev.id = f.event_id
+     WHERE f.outcome = 'dead' AND ev.type NOT LIKE 'engine.%'
+), operational_enqueued AS (
+    -- Not a data-modifying CTE: it runs because the final SELECT reads it.
+    SELECT enqueue_operational_event(o.type, o.about, o.payload) AS event_id
+      FROM operational o
 )
 SELECT (SELECT count(*) FROM applied) + (SELECT count(*) FROM requeued
                                          WHERE outcome = 'released') AS applied,
@@ -182,4 +240,5 @@ SELECT (SELECT count(*) FROM applied) + (SELECT count(*) FROM requeued
        -- was refilled once per poll interval. (Notifications of one transaction with the
        -- same payload are delivered once.)
        (SELECT count(*) FROM (SELECT pg_notify($7, '') FROM breaker WHERE was_full) n)
-           AS claimers_woken
+           AS claimers_woken,
+       (SELECT count(event_id) FROM operational_enqueued) AS operational_events

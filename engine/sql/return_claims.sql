@@ -6,7 +6,8 @@
 -- Used for a worker process that died (release_claims: all of its claims, at once) and
 -- for leases that ran out (reap_expired: any holder, typically a lost host).
 -- The attempt may have reached the destination, so it counts and is recorded; a delivery
--- that has used its last attempt this way is dead rather than sent once more.
+-- that has used its last attempt this way is dead rather than sent once more. The last
+-- attempt is the destination's own (its retry_schedule's length + 1), else $4.
 -- `locked_until < CASE ...` rather than `NOT $2 OR ...`: an OR on a parameter cannot be an
 -- index condition, so a generic plan would read the whole queue instead of
 -- deliveries_in_flight_idx (every in-flight row has a locked_until).
@@ -14,24 +15,25 @@
 -- under the destination's advisory lock, taken in id order after the delivery rows
 -- (lock_capped_destinations.sql says why that order cannot deadlock).
 WITH lost AS (
-    SELECT id
-      FROM deliveries
-     WHERE status = 'in_flight'
-       AND ($1::text IS NULL OR locked_by = $1)
-       AND locked_until < CASE WHEN $2 THEN now() ELSE 'infinity' END
+    SELECT d.id, coalesce(array_length(dest.retry_schedule, 1) + 1, $4) AS max_attempts
+      FROM deliveries d
+      JOIN destinations dest ON dest.id = d.destination_id
+     WHERE d.status = 'in_flight'
+       AND ($1::text IS NULL OR d.locked_by = $1)
+       AND d.locked_until < CASE WHEN $2 THEN now() ELSE 'infinity' END
      LIMIT $5
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF d SKIP LOCKED
 ), requeued AS (
     UPDATE deliveries d
        SET status = 'pending', locked_by = NULL, locked_until = NULL,
            next_attempt_at = now(), last_error = $3
       FROM lost
-     WHERE d.id = lost.id AND d.attempt < $4
+     WHERE d.id = lost.id AND d.attempt < lost.max_attempts
  RETURNING d.id, d.attempt, d.destination_id, d.holds_slot
 ), died AS (
     DELETE FROM deliveries d
      USING lost
-     WHERE d.id = lost.id AND d.attempt >= $4
+     WHERE d.id = lost.id AND d.attempt >= lost.max_attempts
  RETURNING d.*
 ), archived AS (
     INSERT INTO finished_deliveries
@@ -58,5 +60,18 @@ WITH lost AS (
     SELECT id, destination_id, attempt, now(), $3 FROM requeued
     UNION ALL
     SELECT id, destination_id, attempt, now(), $3 FROM died
+), operational AS (
+    -- engine.delivery.dead for each, as record_results.sql does (not for deliveries of
+    -- operational events); enqueue_operational_event() is in schema/008.
+    SELECT enqueue_operational_event('engine.delivery.dead', d.destination_id,
+               json_build_object(
+                   'type', 'engine.delivery.dead', 'delivery_id', d.id,
+                   'event_id', d.event_id, 'event_type', ev.type,
+                   'destination_id', d.destination_id, 'attempts', d.attempt,
+                   'time', now(), 'reason', $3)::text) AS event_id
+      FROM died d
+      JOIN events ev ON ev.id = d.event_id
+     WHERE ev.type NOT LIKE 'engine.%'
 )
-SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM died) AS died
+SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM died) AS died,
+       (SELECT count(event_id) FROM operational) AS operational_events
