@@ -67,6 +67,11 @@ ERROR_NAMES = {
     pycurl.E_GOT_NOTHING: "recv",
     pycurl.E_PARTIAL_FILE: "recv",
     pycurl.E_TOO_MANY_REDIRECTS: "too_many_redirects",
+    # Not HTTP: a garbage status line (8), or no status line at all (HTTP/0.9, which
+    # curl refuses as 1, "unsupported protocol"). Which of the two an endpoint gets
+    # depends on how much of its answer the first read sees, so they share one name.
+    pycurl.E_FTP_WEIRD_SERVER_REPLY: "invalid_response",  # CURLE_WEIRD_SERVER_REPLY
+    pycurl.E_UNSUPPORTED_PROTOCOL: "invalid_response",
 } | {code: "tls" for code in TLS_ERRORS}
 
 

@@ -65,6 +65,7 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
     secrets: list[str]
     payload: str
     max_in_flight: int | None = None  # the destination's cap on concurrent requests
+    claim_token: int | None = None  # names this claim; its results carry it (schema/006)
 
 
 OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
@@ -83,6 +84,8 @@ class Result(msgspec.Struct, frozen=True, gc=False):
     error: str | None = None
     body: str | None = None
     next_attempt_at: dt.datetime | None = None
+    # The claim's token: the result applies only while that claim is the current one.
+    claim_token: int | None = None
 
 
 _RESULTS_ENCODER = msgspec.json.Encoder()

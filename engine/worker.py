@@ -29,6 +29,7 @@ from psycopg import sql
 
 from engine import queue_async
 from engine.config import Settings
+from engine.database import session_options
 from engine.http_client import CurlPool, HttpResult
 from engine.metrics import instruments
 from engine.oplog import log_event
@@ -216,7 +217,8 @@ class DeliveryWorker:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self.dsn, autocommit=True, application_name=f"engine worker {self.worker}"
+                    self.dsn, autocommit=True, application_name=f"engine worker {self.worker}",
+                    options=session_options(self.dsn),
                 )
                 if listen:
                     await conn.execute(
@@ -277,13 +279,24 @@ class DeliveryWorker:
             # A claim that left silent destinations out and found nothing else is followed
             # at once by one that takes them too, not by a wait for the next poll.
             maybe_more = len(claims) == limit or (bool(piling_up) and not claims)
-            if self.stopping:
+            if self.stopping or self._claim_outlived_lease(took):
                 for claim in claims:
                     self.held += 1
                     self._release(claim)
             else:
                 self._dispatch(claims)
             self.metrics.in_flight.set(self.sending)
+
+    def _claim_outlived_lease(self, took_s: float) -> bool:
+        """A claim that took this long may have committed long before its answer came
+        back (this process was stopped or starved in between), so its lease may be nearly
+        gone or already reaped and sent by another worker: give it back unsent (the
+        release is a no-op for rows no longer ours, see record_results.sql)."""
+        settings = self.settings
+        if took_s * 1000 <= settings.lease_ms - settings.max_timeout_ms - LEASE_SAFETY_MS:
+            return False
+        log_event("worker_claim_too_late", worker=self.worker, took_s=round(took_s, 1))
+        return True
 
     async def _reconnect_claim(self) -> None:
         await self.claim_conn.close()
@@ -325,7 +338,8 @@ class DeliveryWorker:
             if claim.attempt > max_attempts:
                 # Lost attempts (dead workers, expired leases) used the last one up.
                 self._add_result(
-                    Result(claim.id, claim.attempt, "dead", _utcnow(), error=EXHAUSTED)
+                    Result(claim.id, claim.attempt, "dead", _utcnow(), error=EXHAUSTED,
+                           claim_token=claim.claim_token)
                 )
                 continue
             self.held += 1
@@ -381,7 +395,8 @@ class DeliveryWorker:
         slots.started.pop(claim.id, None)
         if response is None:
             # The drain deadline passed with this request unanswered.
-            result = Result(claim.id, claim.attempt, "released", _utcnow())
+            result = Result(claim.id, claim.attempt, "released", _utcnow(),
+                            claim_token=claim.claim_token)
         else:
             if response.status_code is not None:
                 self.answered_at[claim.destination_id] = time.monotonic()
@@ -411,7 +426,8 @@ class DeliveryWorker:
     def _release(self, claim: Claim) -> None:
         """Give back a claim that was never sent: the attempt is undone."""
         self.held -= 1
-        self._add_result(Result(claim.id, claim.attempt, "released", _utcnow()))
+        self._add_result(Result(claim.id, claim.attempt, "released", _utcnow(),
+                                claim_token=claim.claim_token))
 
     def _outcome(self, claim: Claim, response: HttpResult) -> Result:
         started = dt.datetime.fromtimestamp(response.started_at, dt.UTC)
@@ -424,13 +440,14 @@ class DeliveryWorker:
         )
         if response.ok:
             return Result(claim.id, claim.attempt, "delivered", started, duration, status,
-                          None, body)
+                          None, body, claim_token=claim.claim_token)
         if status == 410 and response.error is None:
             # The destination is disabled by record_results; the delivery waits for it.
             schedule = self.settings.retry_schedule
             delay = retry_delay(schedule, claim.attempt) or schedule[-1]
             return Result(claim.id, claim.attempt, "gone", started, duration, status,
-                          "HTTP 410", body, _utcnow() + dt.timedelta(seconds=delay))
+                          "HTTP 410", body, _utcnow() + dt.timedelta(seconds=delay),
+                          claim.claim_token)
         retry_after = response.retry_after if status in (429, 503) else None
         return self._failure(
             claim, started, duration, status, response.error or f"HTTP {status}", body,
@@ -443,11 +460,12 @@ class DeliveryWorker:
     ) -> Result:
         delay = retry_delay(self.settings.retry_schedule, claim.attempt)
         if delay is None:
-            return Result(claim.id, claim.attempt, "dead", started, duration, status, error, body)
+            return Result(claim.id, claim.attempt, "dead", started, duration, status, error, body,
+                          claim_token=claim.claim_token)
         if retry_after is not None:
             delay = max(delay, min(retry_after, MAX_RETRY_AFTER_S))
         return Result(claim.id, claim.attempt, "retry", started, duration, status, error, body,
-                      _utcnow() + dt.timedelta(seconds=delay))
+                      _utcnow() + dt.timedelta(seconds=delay), claim.claim_token)
 
     async def _sweep_loop(self) -> None:
         """Release claims that waited for a slot (their destination's cap, or any free

@@ -24,7 +24,6 @@ import ssl
 import struct
 import subprocess
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -85,7 +84,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 line, headers, pending = request
                 path = line.split(b" ")[1].decode() if line.count(b" ") >= 2 else "/"
                 behaviour = path.strip("/").split("/")[0]
-                self.server.count(behaviour, _webhook_id(headers))
+                self.server.count(behaviour, path, _webhook_id(headers))
                 if not self.answer(sock, behaviour, path):
                     return
         except OSError:
@@ -139,16 +138,15 @@ class HostileServer(socketserver.ThreadingTCPServer):
         self.stopping = threading.Event()
         self.lock = threading.Lock()
         self.requests: Counter[str] = Counter()
-        self.healthy_ids: Counter[str] = Counter()  # webhook-id -> arrivals
-        self.healthy_arrivals: list[float] = []  # monotonic times
+        # (path, webhook-id) -> arrivals: one event reaches each destination once
+        self.healthy_ids: Counter[tuple[str, str]] = Counter()
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
 
-    def count(self, behaviour: str, webhook_id: str | None) -> None:
+    def count(self, behaviour: str, path: str, webhook_id: str | None) -> None:
         with self.lock:
             self.requests[behaviour] += 1
             if behaviour == "healthy" and webhook_id is not None:
-                self.healthy_ids[webhook_id] += 1
-                self.healthy_arrivals.append(time.monotonic())
+                self.healthy_ids[(path, webhook_id)] += 1
 
     def url(self, behaviour: str, name: str = "x") -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/{behaviour}/{name}"
