@@ -26,6 +26,7 @@ from functools import partial
 import psycopg
 import uvloop
 from psycopg import sql
+from psycopg.errors import IdleInTransactionSessionTimeout
 
 from engine import queue_async
 from engine.config import Settings
@@ -267,7 +268,9 @@ class DeliveryWorker:
                 claims = await queue_async.claim_batch(
                     self.claim_conn, self.worker, limit, settings.lease_ms, reserve, piling_up
                 )
-            except psycopg.OperationalError as exc:
+            except (psycopg.OperationalError, IdleInTransactionSessionTimeout) as exc:
+                # The second: the server ended a claim transaction this process left open
+                # too long (stopped or starved; see database.session_options).
                 log_event("worker_claim_failed", worker=self.worker, error=str(exc))
                 await self._reconnect_claim()
                 continue
