@@ -4,6 +4,7 @@ One raw TCP server (no HTTP library: most behaviours are not HTTP) answers by th
 path segment of the request:
 
   /healthy/...        200, keep-alive; counts each `webhook-id` it receives
+  /healthy-slow/...   the same after 0.5 s
   /reset-headers/...  half a status line, then a TCP reset
   /reset-body/...     headers promising 1000 bytes, 100 of them, then a TCP reset
   /garbage/...        a line that is no status line, then close
@@ -28,8 +29,6 @@ from collections import Counter
 from pathlib import Path
 
 HUGE_BODY_BYTES = 100 * 1024 * 1024
-BEHAVIOURS = ("healthy", "reset-headers", "reset-body", "garbage", "http09", "drip",
-              "huge", "redirect", "hang")
 
 
 def _read_request(sock: socket.socket, pending: bytes) -> tuple[bytes, bytes, bytes] | None:
@@ -92,7 +91,9 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def answer(self, sock: socket.socket, behaviour: str, path: str) -> bool:
         """Answer one request; True to keep the connection for the next one."""
-        if behaviour == "healthy":
+        if behaviour in ("healthy", "healthy-slow"):
+            if behaviour == "healthy-slow":
+                self.server.stopping.wait(0.5)  # so that a host always has work in flight
             sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
             return True
         if behaviour == "reset-headers":
@@ -133,8 +134,8 @@ class HostileServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     request_queue_size = 1024
 
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        super().__init__((host, 0), _Handler)
         self.stopping = threading.Event()
         self.lock = threading.Lock()
         self.requests: Counter[str] = Counter()
@@ -145,11 +146,12 @@ class HostileServer(socketserver.ThreadingTCPServer):
     def count(self, behaviour: str, path: str, webhook_id: str | None) -> None:
         with self.lock:
             self.requests[behaviour] += 1
-            if behaviour == "healthy" and webhook_id is not None:
+            if behaviour.startswith("healthy") and webhook_id is not None:
                 self.healthy_ids[(path, webhook_id)] += 1
 
     def url(self, behaviour: str, name: str = "x") -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/{behaviour}/{name}"
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/{behaviour}/{name}"
 
     def __enter__(self) -> HostileServer:
         self.thread.start()

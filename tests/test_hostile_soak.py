@@ -111,9 +111,12 @@ def test_hostile_soak(dsn: str, conn: psycopg.Connection, tmp_path: Path) -> Non
         for destination_id, error, _ in errors:
             if destination_id in hostile_ids:
                 seen.setdefault(hostile_ids[destination_id], set()).add(error)
-        for name, allowed in HOSTILE_ERRORS.items():
-            # "worker exited" / "lease expired" would mean a lost attempt: none allowed.
-            assert seen.get(name) and seen[name] <= allowed, (name, seen.get(name))
+        for name, expected_errors in HOSTILE_ERRORS.items():
+            # "worker exited" / "lease expired" would mean a lost attempt: none allowed. A
+            # timeout is: on a starved CPU the test's own server may misbehave too late.
+            found = seen.get(name, set())
+            assert found & expected_errors and found <= expected_errors | {"timeout"}, (
+                name, found)
         # The median, not a tail: on a CPU shared with the hostile servers' own threads a
         # tail is the machine's, while a healthy request queued behind hostile ones would
         # take the hostile timeout (1.5 s) at the median.
