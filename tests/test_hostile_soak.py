@@ -22,12 +22,14 @@ import pytest
 from engine import queue
 from engine.queue import EventIn
 from tests.enginerun import Engine, wait_until
+from tests.fakedest import FakeDestination
 from tests.hostile_servers import HostileServer, TlsServer
 from tests.httpserver_helpers import closed_port
 from tests.test_hostile_destinations import isolated_dns_prefix
 from tests.test_queue import add_destination
 
 SOAK_S = float(os.environ.get("ENGINE_SOAK_S", "60"))
+BASELINE_S = 10  # healthy traffic alone first: what latency "unaffected" compares with
 HOSTILE_TIMEOUT_MS = 1500
 HOSTILE_DELIVERIES = 4  # per hostile destination, retried for the whole soak
 HEALTHY_EVENTS_PER_S = 40
@@ -57,7 +59,10 @@ def test_hostile_soak(dsn: str, conn: psycopg.Connection, tmp_path: Path) -> Non
     # them hammered for its whole length.
     config.write_text("breaker_threshold = 1000000\n")
     schedule = ",".join(["400ms"] * 1000)
-    with HostileServer() as hostile, TlsServer(tmp_path) as tls:
+    # The healthy destinations are the Node fake (a process of its own), so that their
+    # latency is the engine's, not that of a Python server sharing its GIL with the
+    # hostile ones.
+    with HostileServer() as hostile, TlsServer(tmp_path) as tls, FakeDestination() as fake:
         urls = {name: hostile.url(name) for name in HOSTILE_ERRORS
                 if name not in ("refused", "tls", "invalid")}
         urls |= {"refused": f"http://127.0.0.1:{closed_port()}/hook", "tls": tls.url(),
@@ -66,8 +71,9 @@ def test_hostile_soak(dsn: str, conn: psycopg.Connection, tmp_path: Path) -> Non
             add_destination(conn, url=url, event_types=["hostile"],
                             timeout_ms=HOSTILE_TIMEOUT_MS): name
             for name, url in urls.items()}
-        healthy_ids = [add_destination(conn, url=hostile.url("healthy", str(i)),
-                                       event_types=["tick"]) for i in range(2)]
+        healthy_names = ["healthy0", "healthy1"]
+        healthy_ids = [add_destination(conn, url=fake.url(f"fast/{name}"), event_types=["tick"])
+                       for name in healthy_names]
         engine = Engine(dsn, tmp_path, "--config", str(config), "--procs", "2",
                         "--bind", "127.0.0.1:0", "--allow-private-targets",
                         "--retry-schedule", schedule)
@@ -75,11 +81,15 @@ def test_hostile_soak(dsn: str, conn: psycopg.Connection, tmp_path: Path) -> Non
         with engine:
             wait_until(lambda: len(engine.events("child_started")) >= 4, 60, "children")
             workers = engine.worker_pids()
-            queue.enqueue_events(conn, [EventIn("hostile", '{"h":1}')] * HOSTILE_DELIVERIES)
             healthy_events = 0
             rss_peak = 0
             begun = time.monotonic()
-            while time.monotonic() - begun < SOAK_S:
+            hostile_from = None  # database time the hostile deliveries were enqueued
+            while time.monotonic() - begun < BASELINE_S + SOAK_S:
+                if hostile_from is None and time.monotonic() - begun >= BASELINE_S:
+                    hostile_from = one(conn, "SELECT now()")
+                    queue.enqueue_events(conn, [EventIn("hostile", '{"h":1}')]
+                                         * HOSTILE_DELIVERIES)
                 queue.enqueue_events(conn, [EventIn("tick", f'{{"n":{healthy_events}}}')
                                             for _ in range(HEALTHY_EVENTS_PER_S // 10)])
                 healthy_events += HEALTHY_EVENTS_PER_S // 10
@@ -101,8 +111,9 @@ def test_hostile_soak(dsn: str, conn: psycopg.Connection, tmp_path: Path) -> Non
                              " + (SELECT count(*) FROM finished_deliveries)").fetchone()
         assert total is not None
         assert total[0] == expected + HOSTILE_DELIVERIES * len(hostile_ids)
-        duplicates = sum(n - 1 for n in hostile.healthy_ids.values())
-        assert len(hostile.healthy_ids) == expected  # every delivery arrived
+        stats = [fake.name_stats(name) for name in healthy_names]
+        duplicates = sum(s["duplicates"] for s in stats)
+        assert [s["delivered_ids"] for s in stats] == [healthy_events] * 2  # all arrived
         assert duplicates <= rebuilt, (duplicates, rebuilt)
         errors = conn.execute(
             "SELECT d.destination_id, a.error, count(*) FROM delivery_attempts a"
@@ -117,20 +128,29 @@ def test_hostile_soak(dsn: str, conn: psycopg.Connection, tmp_path: Path) -> Non
             found = seen.get(name, set())
             assert found & expected_errors and found <= expected_errors | {"timeout"}, (
                 name, found)
-        # The median, not a tail: on a CPU shared with the hostile servers' own threads a
-        # tail is the machine's, while a healthy request queued behind hostile ones would
-        # take the hostile timeout (1.5 s) at the median.
-        latency = conn.execute(
-            "SELECT percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY a.duration_ms)"
+        # Every healthy delivery succeeded at its first attempt: none waited behind a
+        # hostile request until it timed out.
+        assert one(conn, "SELECT max(attempt) FROM finished_deliveries"
+                         " WHERE destination_id = ANY(%s)", healthy_ids) == 1
+        # Latency against the same run's healthy-only phase, not against a number: the
+        # machine's load decides absolute times. Medians, generously bounded: a healthy
+        # request queued behind hostile ones would take the hostile timeout (1.5 s).
+        before, during = (float(one(  # type: ignore[arg-type]
+            conn, "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY a.duration_ms)"
             " FROM delivery_attempts a JOIN finished_deliveries f ON f.id = a.delivery_id"
-            " WHERE f.destination_id = ANY(%s)", [healthy_ids]).fetchone()
-        assert latency is not None
-        p50, p90, p99 = latency[0]
-        assert p50 < HOSTILE_TIMEOUT_MS / 3, latency
+            f" WHERE f.destination_id = ANY(%s) AND a.started_at {op} %s",
+            healthy_ids, hostile_from)) for op in ("<", ">="))
+        assert during < 3 * before + HOSTILE_TIMEOUT_MS / 5, (before, during)
         assert rss_peak < RSS_LIMIT, rss_peak
         print(f"soak {SOAK_S:.0f}s: {healthy_events} healthy events, duplicates {duplicates},"
-              f" rebuilt transfers {rebuilt}, healthy ms p50 {p50:.1f} p90 {p90:.1f}"
-              f" p99 {p99:.1f}, worker RSS peak {rss_peak >> 20} MiB")
+              f" rebuilt transfers {rebuilt}, healthy median ms {before:.1f} alone,"
+              f" {during:.1f} beside the hostile ones, worker RSS peak {rss_peak >> 20} MiB")
+
+
+def one(conn: psycopg.Connection, query: str, *params: object) -> object:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
 
 
 def finished(conn: psycopg.Connection, destination_ids: list[int]) -> int:
