@@ -96,6 +96,7 @@ def run_maintenance(settings: Settings, dsn: str,
     leadership = Leadership(dsn)
     jobs = _jobs(settings, leadership)
     work_conn: psycopg.Connection | None = None
+    standing_by = False  # the last attempt found another process leading
     try:
         while not stop.is_set():
             was_leader = leadership.held
@@ -104,6 +105,12 @@ def run_maintenance(settings: Settings, dsn: str,
             except psycopg.Error as exc:
                 log_event("leader_error", role="maintenance", error=str(exc))
                 leader = False
+            else:
+                if not leader and not standing_by:
+                    # Once per stretch of following, so an operator (or a test) can tell a
+                    # follower from a process that has not tried yet.
+                    log_event("leader_standby", role="maintenance")
+                standing_by = not leader
             if leader and not was_leader:
                 log_event("leader_acquired", role="maintenance")
                 for job in jobs:

@@ -86,7 +86,7 @@ def _count_events(dsn: str) -> int:
     return int(row[0])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies)
 def test_random_bodies_are_refused_without_writing_or_accepted_once(
     server: IngressProcess, module_dsn: str, body: bytes
