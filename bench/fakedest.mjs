@@ -9,9 +9,14 @@
 //        [--seed N] [--keep 50] [--record-order] [--stats-file F]
 //
 // Prints {"port": N} on stdout once listening. Behaviours (<name> may contain "/"):
-//   /fast/<name>  /slow/<ms>/<name>  /flaky/<pct>/<name>  /dead/<name>
-//   /status/<code>/<name>  /429/<seconds>/<name>  /down-until/<unix_ms>/<name>
-//   /toggle/<name>  /bigbody/<bytes>/<name>
+//   /fast/<name>  /slow/<ms>/<name>  /random/<min_ms>/<max_ms>/<name>  /flaky/<pct>/<name>
+//   /dead/<name>  /status/<code>/<name>  /429/<seconds>/<name>  /down-until/<unix_ms>/<name>
+//   /toggle/<name>  /bigbody/<bytes>/<name>  /drip/<ms>/<name>
+// /random answers 200 after a latency drawn uniformly from [min, max] ms; /drip sends its
+// 200 headers at once and then the body a byte at a time over <ms> (a slow reader's
+// mirror: the client must wait for the whole answer). GET /_stats also reports the
+// process's own CPU time (cpu_user_ms, cpu_system_ms) so a bench shows the fake was not
+// its bottleneck.
 // Control: GET /_stats, POST /_reset, POST /_control/<name> {"mode": "ok"|"fail"|"hang",
 // "status"?: 500}, POST /_secrets/<name> {"secrets": [...]}, GET /_requests/<name>,
 // GET /_arrivals/<name>, GET /_order/<name> (with --record-order).
@@ -154,6 +159,12 @@ function finish(ctx) {
 }
 
 function respond(ctx, status, headers, body) {
+  respondHead(ctx, status, headers);
+  ctx.res.end(body);
+}
+
+// Counts the answer and sends its status line and headers; the caller sends the body.
+function respondHead(ctx, status, headers) {
   const { s, id, entry } = ctx;
   finish(ctx);
   s.responses[status] = (s.responses[status] ?? 0) + 1;
@@ -170,7 +181,6 @@ function respond(ctx, status, headers, body) {
     }
   }
   ctx.res.writeHead(status, headers);
-  ctx.res.end(body);
 }
 
 const ok = (ctx) => respond(ctx, 200, JSON_HEADERS, "{}");
@@ -209,6 +219,31 @@ const KINDS = {
       if (mode.mode === "ok") ok(ctx);
       else if (mode.mode === "fail") fail(ctx, mode.status);
       // "hang": answer nothing, like /dead.
+    },
+  ],
+  random: [
+    2,
+    ([low, high]) => low >= 0 && high >= low,
+    (ctx, [low, high]) => setTimeout(ok, low + ctx.s.random() * (high - low), ctx),
+  ],
+  drip: [
+    1,
+    ([ms]) => ms >= 0 && ms <= 600_000,
+    (ctx, [ms]) => {
+      // Counted as answered when the status line goes out, like any 200.
+      const { res } = ctx;
+      const chunks = 10;
+      respondHead(ctx, 200, JSON_HEADERS);
+      let sent = 0;
+      const timer = setInterval(() => {
+        if (res.destroyed) return clearInterval(timer);
+        sent++;
+        if (sent < chunks) res.write(" ");
+        else {
+          clearInterval(timer);
+          res.end("{}");
+        }
+      }, ms / chunks);
     },
   ],
   bigbody: [
@@ -296,7 +331,12 @@ function stats() {
       totals.responses[code] = (totals.responses[code] ?? 0) + n;
     }
   }
-  return { uptime_ms: Date.now() - startedAt, started_at_ms: startedAt, totals, names: perName };
+  const cpu = process.cpuUsage();
+  return {
+    uptime_ms: Date.now() - startedAt, started_at_ms: startedAt,
+    cpu_user_ms: Math.round(cpu.user / 1000), cpu_system_ms: Math.round(cpu.system / 1000),
+    totals, names: perName,
+  };
 }
 
 function sendJson(res, status, value) {

@@ -52,6 +52,7 @@ sys.path.insert(0, str(HERE))
 
 import benchdb  # noqa: E402
 import drain  # noqa: E402
+import mixes  # noqa: E402
 from drain import FakeDestination  # noqa: E402
 from peer_pgqueuer import ENTRYPOINT  # noqa: E402
 
@@ -176,7 +177,7 @@ def pair_summary(name: str, engine: dict[str, Any], peer: dict[str, Any]) -> dic
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "scenario", nargs="?", default="all", choices=[*drain.SCENARIOS, *drain.MIXES, "all"],
+        "scenario", nargs="?", default="all", choices=[*drain.SCENARIOS, *mixes.MIXES, "all"],
         help="all: the pairs, then the engine alone on bench/drain.py's destination mixes")
     drain.add_server_arguments(parser)
     parser.add_argument("--cap", type=int,
@@ -193,18 +194,18 @@ def main() -> int:
         help="the engine's warm-up deliveries, as in bench/drain.py")
     args = parser.parse_args()
     names = list(drain.SCENARIOS) if args.scenario == "all" else [args.scenario]
-    if args.scenario in drain.MIXES:
+    if args.scenario in mixes.MIXES:
         names = []
-    mixes = list(drain.MIXES) if args.scenario == "all" else [
-        name for name in [args.scenario] if name in drain.MIXES]
+    mixed_names = list(mixes.MIXES) if args.scenario == "all" else [
+        name for name in [args.scenario] if name in mixes.MIXES]
 
     reports = HERE / "reports"
     reports.mkdir(parents=True, exist_ok=True)
     pairs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    mixed: dict[str, list[dict[str, Any]]] = {name: [] for name in mixes}
+    mixed: dict[str, list[dict[str, Any]]] = {name: [] for name in mixed_names}
     with benchdb.server(args.dsn, stock_pg15_cluster=args.stock_pg15) as admin_dsn:
         for _ in range(args.repeat):
-            for name in mixes:
+            for name in mixed_names:
                 # The destination mixes have no pgqueuer side: it has no per-destination cap.
                 report = drain.run_scenario(name, admin_dsn, args)
                 mixed[name].append(report)
@@ -234,7 +235,7 @@ def main() -> int:
         rate = statistics.median(int(r["deliveries_per_s"]) for r in runs)
         # many-destinations against the single destination's rate (drain-fast, with --cap
         # as given); capped-slow against its ceiling.
-        against = drain.CAPPED_SLOW_CEILING if name == "capped-slow" else single
+        against = mixes.CAPPED_SLOW_CEILING if name == "capped-slow" else single
         medians[name] = {
             "deliveries_per_s": [r["deliveries_per_s"] for r in runs],
             "median_engine_per_s": rate,

@@ -51,7 +51,9 @@ CREATE TABLE events (
     CONSTRAINT events_pkey PRIMARY KEY (id)
 );
 CREATE INDEX events_created_at_idx ON events USING brin (created_at);
+CREATE INDEX events_created_id_idx ON events (created_at, id);
 CREATE UNIQUE INDEX events_idempotency_key_idx ON events (idempotency_key) WHERE (idempotency_key IS NOT NULL);
+CREATE INDEX events_type_created_idx ON events (type, created_at, id);
 
 CREATE TABLE deliveries (
     id bigint DEFAULT nextval('delivery_id_seq'::regclass) NOT NULL,
@@ -100,6 +102,8 @@ CREATE TABLE finished_deliveries (
     CONSTRAINT finished_deliveries_pkey PRIMARY KEY (id)
 );
 CREATE INDEX finished_deliveries_completed_idx ON finished_deliveries USING brin (completed_at);
+CREATE INDEX finished_deliveries_dead_all_idx ON finished_deliveries (id) WHERE (status = 'dead'::delivery_status);
+CREATE INDEX finished_deliveries_dead_id_idx ON finished_deliveries (destination_id, id) WHERE (status = 'dead'::delivery_status);
 CREATE INDEX finished_deliveries_dead_idx ON finished_deliveries (destination_id, completed_at) WHERE (status = 'dead'::delivery_status);
 CREATE INDEX finished_deliveries_destination_idx ON finished_deliveries (destination_id, id);
 CREATE INDEX finished_deliveries_event_idx ON finished_deliveries (event_id);
@@ -113,6 +117,7 @@ CREATE TABLE delivery_attempts (
     status_code smallint,
     response_body text,
     error text,
+    destination_id bigint,
     CONSTRAINT delivery_attempts_pkey PRIMARY KEY (id)
 );
 CREATE INDEX delivery_attempts_delivery_idx ON delivery_attempts (delivery_id, id);

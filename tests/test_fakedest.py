@@ -246,3 +246,34 @@ def test_stats_file_written_on_sigterm(tmp_path: Path) -> None:
     saved = json.loads(stats_file.read_text())
     assert saved["names"]["saved"]["delivered_ids"] == 1
     assert saved["uptime_ms"] >= 0
+
+
+def test_random_latency_stays_within_its_range(dest: FakeDestination) -> None:
+    started = time.monotonic()
+    assert post(dest, "random/300/400/rnd").status == 200
+    # Only the lower bound is certain on a loaded machine: never answered early.
+    assert time.monotonic() - started >= 0.3
+    assert dest.name_stats("rnd")["delivered_ids"] == 0  # no webhook-id sent
+    assert dest.name_stats("rnd")["responses"] == {"200": 1}
+    assert post(dest, "random/400/300/rnd").status == 400  # max below min: refused
+
+
+def test_drip_sends_headers_first_and_the_body_over_time(dest: FakeDestination) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", dest.port, timeout=10)
+    started = time.monotonic()
+    conn.request("POST", "/drip/500/drip", body=b"{}", headers={"webhook-id": "msg_drip"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    body = resp.read()
+    assert time.monotonic() - started >= 0.45  # the body took the drip's time
+    assert body.strip() == b"{}"
+    conn.close()
+    assert dest.name_stats("drip")["delivered_ids"] == 1
+
+
+def test_stats_report_own_cpu(dest: FakeDestination) -> None:
+    for _ in range(50):
+        post(dest, "fast/cpu")
+    stats = dest.stats()
+    assert isinstance(stats["cpu_user_ms"], int) and isinstance(stats["cpu_system_ms"], int)
+    assert stats["cpu_user_ms"] + stats["cpu_system_ms"] > 0

@@ -28,6 +28,7 @@ from engine.config import Settings
 from engine.ingress import errors, store
 from engine.ingress import schemas as s
 from engine.ingress.committer import Committer
+from engine.ingress.console_api import ConsoleApi
 from engine.ingress.errors import ApiError
 from engine.ingress.metrics import IngressMetrics
 from engine.ingress.openapi import OPERATIONS, Operation, build_document
@@ -146,8 +147,9 @@ def _int_param(params: dict[str, str], name: str, low: int, high: int) -> int | 
     return int(value)
 
 
-class IngressApp:
-    """The ASGI callable. Opens its pool and committer on lifespan startup."""
+class IngressApp(ConsoleApi):
+    """The ASGI callable. Opens its pool and committer on lifespan startup. The console's
+    page and reads are in console_api.py."""
 
     def __init__(self, settings: Settings, dsn: str) -> None:
         self.settings = settings
@@ -421,7 +423,8 @@ class IngressApp:
     # Deliveries ------------------------------------------------------------------------
 
     async def list_deliveries(self, request: Request) -> Response:
-        params = request.query({"destination_id", "status", "limit", "after"})
+        params = request.query({"destination_id", "status", "limit", "after", "event_type",
+                                "since", "until"})
         destination_id = _int_param(params, "destination_id", 1, s.MAX_ID)
         status = params.get("status")
         if status is not None and status not in ("pending", "in_flight", "delivered", "dead"):
@@ -433,8 +436,13 @@ class IngressApp:
             if not after.isascii() or not after.isdigit() or len(after) > 19:
                 raise errors.invalid("after: not a cursor returned by this endpoint")
             before_id = min(int(after), s.MAX_ID)
-        async with self._connection() as conn:
-            rows = await store.list_deliveries(conn, destination_id, status, before_id, limit)
+        # The console's filters (event type, time, dead ones) have statements of their own.
+        rows = await self.console_deliveries(params, destination_id, status, before_id, limit)
+        if rows is None:
+            async with self._connection() as conn:
+                rows = await store.list_deliveries(
+                    conn, destination_id, status, before_id, limit
+                )
         next_cursor = str(rows[-1].id) if len(rows) == limit else None
         return _json(200, s.DeliveryPage(rows, next_cursor))
 

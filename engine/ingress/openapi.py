@@ -47,6 +47,12 @@ class Operation:
 
 
 ID_SCHEMA = {"type": "integer", "minimum": 1, "maximum": s.MAX_ID}
+_TEXT = {"type": "string", "minLength": 1, "maxLength": 256}
+_TIME = {"type": "string", "format": "date-time"}
+_WINDOW = {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?(ms|s|m|h|d)$"}
+_LIMIT = {"type": "integer", "minimum": 1, "maximum": s.MAX_LIST_LIMIT,
+          "default": s.DEFAULT_LIST_LIMIT}
+_CURSOR = {"type": "string", "pattern": "^[0-9]{1,19}$"}
 _BODY_ERRORS = (400, 413, 422)
 _DB = (503,)
 
@@ -89,6 +95,10 @@ OPERATIONS: tuple[Operation, ...] = (
                                   "default": s.DEFAULT_LIST_LIMIT}),
                   Param("after", {"type": "string", "pattern": "^[0-9]{1,19}$"},
                         "the `next` cursor of the previous page"),
+                  Param("event_type", _TEXT,
+                        "only deliveries of events of this type (then newest event first)"),
+                  Param("since", _TIME, "only deliveries of events created at or after"),
+                  Param("until", _TIME, "only deliveries of events created at or before"),
               ),
               errors=(422, *_DB)),
     Operation("read_delivery", "GET", "/v1/deliveries/{id}", "Read a delivery with attempts",
@@ -96,6 +106,42 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("replay_delivery", "POST", "/v1/deliveries/{id}/replay",
               "Send a delivery again as a first attempt", 202, s.Delivery,
               errors=(404, 409, *_DB)),
+    # The console's reads (console_api.py).
+    Operation("list_events", "GET", "/v1/events",
+              "List events without payloads, newest first (created_at, then id)",
+              200, s.EventPage,
+              query=(
+                  Param("type", _TEXT),
+                  Param("since", _TIME, "created at or after"),
+                  Param("until", _TIME, "created at or before"),
+                  Param("limit", _LIMIT),
+                  Param("after", _CURSOR, "the `next` cursor of the previous page"),
+              ),
+              errors=(422, *_DB)),
+    Operation("destination_stats", "GET", "/v1/destinations/{id}/stats",
+              "A destination's attempts in a window by outcome, duration p50/p90/p99,"
+              " backlog and dead count",
+              200, s.DestinationStats,
+              query=(
+                  Param("window", _WINDOW, "a duration from 1s to 24h; default 1h"),
+                  Param("dead_since", _TIME, "count the dead deliveries since this time"),
+              ),
+              errors=(404, 422, *_DB)),
+    Operation("overview", "GET", "/v1/overview",
+              "Queue depth, attempts per minute over the last hour, breakers, each"
+              " destination's window and engine status's warnings",
+              200, s.Overview,
+              query=(Param("window", _WINDOW,
+                           "the destinations' window, 1s to 24h; default 1h"),),
+              errors=(422, *_DB)),
+    Operation("console_page", "GET", "/console", "The operator console (HTML)", 200, None,
+              auth=False, content_type="text/html"),
+    Operation("console_script", "GET", "/console/console.js", "The console's script", 200,
+              None, auth=False, content_type="text/javascript"),
+    Operation("console_pages_script", "GET", "/console/console_pages.js",
+              "The console's pages", 200, None, auth=False, content_type="text/javascript"),
+    Operation("console_style", "GET", "/console/console.css", "The console's styles", 200,
+              None, auth=False, content_type="text/css"),
     Operation("healthz", "GET", "/healthz", "Liveness and database check", 200, s.Health,
               errors=(503,), auth=False),
     Operation("metrics", "GET", "/metrics", "Prometheus metrics", 200, None,

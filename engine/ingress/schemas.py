@@ -182,3 +182,94 @@ class ErrorDetail(msgspec.Struct):
 
 class ErrorBody(msgspec.Struct):
     error: ErrorDetail
+
+
+# The console's reads (engine/ingress/console_api.py) -----------------------------------
+
+
+class EventSummary(msgspec.Struct):
+    """An event in a list: without its payload, which may be large."""
+
+    id: int
+    type: str
+    ordering_key: str | None
+    idempotency_key: str | None
+    delivery_count: int
+    created_at: dt.datetime
+
+
+class EventPage(msgspec.Struct):
+    data: list[EventSummary]
+    next: str | None
+
+
+class DestinationStats(msgspec.Struct):
+    """GET /v1/destinations/{id}/stats: attempts in the window by outcome (succeeded: 2xx;
+    http_error: another status; transport_error: no answer), their duration percentiles,
+    the backlog now and the dead deliveries (since `dead_since` when given)."""
+
+    destination_id: int
+    window_s: float
+    attempts: int
+    succeeded: int
+    http_error: int
+    transport_error: int
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    pending: int
+    in_flight: int
+    dead: int
+    dead_since: dt.datetime | None
+
+
+class MinuteCount(msgspec.Struct):
+    minute: dt.datetime
+    succeeded: int
+    failed: int
+
+
+class DestinationSummary(msgspec.Struct):
+    """A destination's backlog now and its attempts over the overview's window."""
+
+    id: int
+    pending: int
+    in_flight: int
+    attempts: int
+    succeeded: int
+    p50_ms: float | None
+    p99_ms: float | None
+    last_error: str | None
+    last_error_at: dt.datetime | None
+
+
+class QueueDepth(msgspec.Struct):
+    pending: int
+    pending_due: int
+    retrying: int
+    in_flight: int
+    expired_in_flight: int
+    dead: int
+    oldest_pending_age_s: float | None
+    oldest_due_lag_s: float | None
+
+
+class BreakerCounts(msgspec.Struct):
+    closed: int
+    open: int
+    half_open: int
+    disabled: int
+    paused: int
+    open_for_hours: int
+
+
+class Overview(msgspec.Struct):
+    """GET /v1/overview: what the console's first page shows, in one request."""
+
+    at: dt.datetime
+    window_s: float
+    queue: QueueDepth
+    breakers: BreakerCounts
+    per_minute: list[MinuteCount]
+    destinations: list[DestinationSummary]
+    warnings: list[str]

@@ -72,8 +72,10 @@ WITH result AS (
     SELECT id, destination_id, outcome FROM requeued WHERE outcome <> 'released'
 ), history AS (
     INSERT INTO delivery_attempts
-           (delivery_id, attempt, started_at, duration_ms, status_code, response_body, error)
-    SELECT r.id, r.attempt, r.started_at, r.duration_ms, r.status_code, r.body, r.error
+           (delivery_id, destination_id, attempt, started_at, duration_ms, status_code,
+            response_body, error)
+    SELECT r.id, a.destination_id, r.attempt, r.started_at, r.duration_ms, r.status_code,
+           r.body, r.error
       FROM result r
       JOIN applied a ON a.id = r.id
 ), outcomes AS (

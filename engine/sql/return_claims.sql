@@ -54,9 +54,9 @@ WITH lost AS (
       FROM slots_freed s
      WHERE dest.id = s.destination_id
 ), history AS (
-    INSERT INTO delivery_attempts (delivery_id, attempt, started_at, error)
-    SELECT id, attempt, now(), $3 FROM requeued
+    INSERT INTO delivery_attempts (delivery_id, destination_id, attempt, started_at, error)
+    SELECT id, destination_id, attempt, now(), $3 FROM requeued
     UNION ALL
-    SELECT id, attempt, now(), $3 FROM died
+    SELECT id, destination_id, attempt, now(), $3 FROM died
 )
 SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM died) AS died

@@ -1,0 +1,69 @@
+"""The CI gate: a small drain (10,000 deliveries to a fast fake destination, bench/drain.py)
+against the floor in bench/baseline.json. The figure is deliveries per CPU-second of the
+engine, PostgreSQL and the destination together, not deliveries per second: on a shared
+machine the rate follows the load (1,000/s at load 12 against 12,000/s quiet), the CPU a
+delivery costs barely does. It fails only below half the floor, and only if a second try
+is as bad: noise passes, a 3x slowdown does not.
+
+    python -m bench.harness.gate [--dsn DSN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+
+from bench.harness.stack import ROOT
+
+# bench/drain.py imports its neighbours as top-level modules (it is run as a script).
+sys.path.insert(0, str(ROOT / "bench"))
+import benchdb
+import drain
+
+BASELINE = ROOT / "bench" / "baseline.json"
+FLOOR_KEY = "drain_fast_10k_deliveries_per_cpu_s"
+TRIES = 2
+
+
+def measure(admin_dsn: str) -> float:
+    # A cold start (engine_warm=0): the warm-up has a deadline a loaded CI machine misses.
+    args = argparse.Namespace(count=10_000, warm=5_000, procs=2, max_in_flight=512,
+                              engine_warm=0, cap=None)
+    report = drain.run_scenario("drain-fast", admin_dsn, args)
+    if report["duplicates"] or report["left_in_queue"]:
+        raise SystemExit(f"bench gate: the drain left {report['left_in_queue']} deliveries"
+                         f" and {report['duplicates']} duplicates")
+    cpu_us = sum(report["cpu_us_per_delivery"].values())
+    print(f"bench gate: {report['deliveries_per_s']:,} deliveries/s, {cpu_us:.0f} µs of CPU per"
+          f" delivery (engine, PostgreSQL, destination: {report['cpu_us_per_delivery']})",
+          flush=True)
+    return 1e6 / cpu_us if cpu_us > 0 else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", help="PostgreSQL server (default: a durable embedded one)")
+    args = parser.parse_args(argv)
+    if shutil.which("node") is None:
+        print("bench gate: node is not on PATH; install it: apt-get install -y nodejs",
+              file=sys.stderr)
+        return 2
+    floor = float(json.loads(BASELINE.read_text())[FLOOR_KEY])
+    rates = []
+    with benchdb.server(args.dsn) as admin_dsn:
+        for _ in range(TRIES):
+            rates.append(measure(admin_dsn))
+            if rates[-1] >= floor / 2:
+                break
+    best = max(rates)
+    verdict = "ok" if best >= floor / 2 else "FAILED"
+    print(f"bench gate {verdict}: drain-fast 10,000 at {', '.join(f'{r:,.0f}' for r in rates)}"
+          f" deliveries per CPU-second; fails below {floor / 2:,.0f} (half the floor "
+          f"{floor:,.0f} in {BASELINE.relative_to(ROOT)})")
+    return 0 if verdict == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+// The console's detail pages: one destination (stats, edit, bulk replay), the delivery log
+// (filters kept in the URL, keyset paging) and one delivery (payload, attempts, replay).
+// Uses the helpers of console.js (classic scripts share their top-level names).
+"use strict";
+
+const STATUSES = ["pending", "in_flight", "delivered", "dead"];
+
+function localInputToIso(value) { return value ? new Date(value).toISOString() : null; }
+
+function isoToLocalInput(value) {
+  if (!value) return "";
+  const d = new Date(value);
+  return new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 16);
+}
+
+pages.destination = id => ({
+  async load() {
+    const [d, stats] = await Promise.all([
+      api("GET", `/v1/destinations/${id}`), api("GET", `/v1/destinations/${id}/stats?window=1h`)]);
+    const secretSlot = el("div", {});
+    const edit = el("form", { class: "inline", id: "edit-destination" },
+      el("label", {}, "URL", el("input", { name: "url", type: "url", size: 40, value: d.url })),
+      el("label", {}, "event types (comma separated, empty: all)",
+        el("input", { name: "event_types", value: (d.event_types || []).join(", ") })),
+      el("label", {}, "max in flight (empty: no cap)",
+        el("input", { name: "max_in_flight", type: "number", min: 1, value: d.max_in_flight ?? "" })),
+      el("label", {}, "timeout ms", el("input", { name: "timeout_ms", type: "number", min: 1, value: d.timeout_ms })),
+      el("button", { type: "submit" }, "Save"));
+    edit.addEventListener("submit", event => {
+      event.preventDefault();
+      const f = new FormData(edit);
+      const types = String(f.get("event_types")).split(",").map(t => t.trim()).filter(Boolean);
+      act("Save", api("PATCH", `/v1/destinations/${id}`, {
+        url: f.get("url"), event_types: types.length ? types : null,
+        max_in_flight: numberOrNull(f.get("max_in_flight")), timeout_ms: Number(f.get("timeout_ms")),
+      }));
+    });
+    const since = el("input", { name: "since", type: "datetime-local" });
+    const replaySlot = el("div", {});
+    const replay = el("form", { class: "inline", id: "bulk-replay" },
+      el("label", {}, "dead since (empty: all)", since),
+      el("button", { type: "submit", class: "secondary" }, "Replay dead deliveries…"));
+    replay.addEventListener("submit", async event => {
+      event.preventDefault();
+      const sinceIso = localInputToIso(since.value);
+      const query = sinceIso ? `&dead_since=${encodeURIComponent(sinceIso)}` : "";
+      let count;
+      try {
+        count = (await api("GET", `/v1/destinations/${id}/stats?window=1m${query}`)).dead;
+      } catch (error) { return act("Count", Promise.reject(error)); }
+      busy = true;
+      const body = sinceIso ? { status: "dead", since: sinceIso } : { status: "dead" };
+      replaySlot.replaceChildren(el("div", { class: "notice", id: "replay-confirm" },
+        `Replay ${count} dead deliveries of destination ${id}${sinceIso ? ` since ${time(sinceIso)}` : ""}? `,
+        el("button", { type: "button", "data-action": "confirm-replay", onclick: async () => {
+          const done = await act("Replay", api("POST", `/v1/destinations/${id}/replay`, body));
+          if (done) main.prepend(notice(`Replayed ${done.replayed} deliveries.`));
+        } }, `Replay ${count}`), " ",
+        el("button", { type: "button", class: "secondary", onclick: () => { replaySlot.replaceChildren(); busy = false; } }, "Cancel")));
+    });
+    const total = stats.attempts;
+    show(
+      el("h1", {}, `Destination ${d.id}`), secretSlot,
+      el("dl", { class: "fields" },
+        el("dt", {}, "url"), el("dd", {}, d.url),
+        el("dt", {}, "state"), el("dd", { id: "destination-state" }, destinationState(d)),
+        el("dt", {}, "consecutive failures"), el("dd", {}, d.consecutive_failures),
+        el("dt", {}, "paused until"), el("dd", {}, time(d.paused_until)),
+        el("dt", {}, "disabled reason"), el("dd", {}, d.disabled_reason || "–"),
+        el("dt", {}, "event types"), el("dd", {}, d.event_types ? d.event_types.join(", ") : "all"),
+        el("dt", {}, "max in flight / timeout"), el("dd", {}, `${d.max_in_flight ?? "no cap"} / ${d.timeout_ms} ms`),
+        el("dt", {}, "backlog"), el("dd", {}, `${stats.pending} pending, ${stats.in_flight} in flight, ${stats.dead} dead`),
+        el("dt", {}, "last hour"), el("dd", { id: "destination-stats" },
+          `${total} attempts: ${stats.succeeded} succeeded, ${stats.http_error} HTTP errors, ${stats.transport_error} without answer`
+          + (total ? ` (${(100 * stats.succeeded / total).toFixed(1)} % ok); p50 ${ms(stats.p50_ms)}, p90 ${ms(stats.p90_ms)}, p99 ${ms(stats.p99_ms)}` : ""))),
+      el("p", {}, destinationActions(d, r => secretSlot.replaceChildren(secretNotice(r))), " ",
+        el("a", { href: `#/deliveries?destination_id=${d.id}` }, "its deliveries"), " · ",
+        el("a", { href: `#/deliveries?destination_id=${d.id}&status=dead` }, "its dead deliveries")),
+      el("h2", {}, "Edit"), edit,
+      el("h2", {}, "Bulk replay"), replay, replaySlot);
+  },
+});
+
+function deliveriesHash(filters) {
+  const query = new URLSearchParams();
+  for (const [key, value] of Object.entries(filters)) if (value) query.set(key, value);
+  const text = query.toString();
+  return `#/deliveries${text ? `?${text}` : ""}`;
+}
+
+function deliveryRows(data) {
+  return data.map(d => el("tr", { "data-delivery": d.id },
+    el("td", {}, el("a", { href: `#/delivery/${d.id}` }, d.id)), el("td", { class: "num" }, d.event_id),
+    el("td", {}, el("a", { href: `#/destination/${d.destination_id}` }, d.destination_id)),
+    el("td", {}, el("span", { class: `badge s-${d.status}` }, d.status)), el("td", { class: "num" }, d.attempt),
+    el("td", {}, d.status === "pending" ? time(d.next_attempt_at) : "–"),
+    el("td", { class: "error" }, d.last_error || "–"), el("td", {}, time(d.created_at))));
+}
+
+pages.deliveries = (_, params) => ({
+  async load() {
+    const filters = {};
+    for (const key of ["status", "destination_id", "event_type", "since", "until"]) filters[key] = params.get(key) || "";
+    const query = new URLSearchParams({ limit: "50" });
+    for (const [key, value] of Object.entries(filters)) if (value) query.set(key, value);
+    if (params.get("after")) query.set("after", params.get("after"));
+    const [page, list] = await Promise.all([api("GET", `/v1/deliveries?${query}`), api("GET", "/v1/destinations")]);
+    const form = el("form", { class: "inline", id: "delivery-filters" },
+      el("label", {}, "status", el("select", { name: "status" }, el("option", { value: "" }, "any"),
+        STATUSES.map(s => el("option", { value: s, selected: s === filters.status }, s)))),
+      el("label", {}, "destination", el("select", { name: "destination_id" }, el("option", { value: "" }, "any"),
+        list.data.map(d => el("option", { value: d.id, selected: String(d.id) === filters.destination_id }, `${d.id} ${d.url}`)))),
+      el("label", {}, "event type", el("input", { name: "event_type", value: filters.event_type })),
+      el("label", {}, "events since", el("input", { name: "since", type: "datetime-local", value: isoToLocalInput(filters.since) })),
+      el("label", {}, "until", el("input", { name: "until", type: "datetime-local", value: isoToLocalInput(filters.until) })),
+      el("button", { type: "submit" }, "Filter"),
+      el("a", { href: "#/deliveries" }, "clear"));
+    form.addEventListener("submit", event => {
+      event.preventDefault();
+      const f = new FormData(form);
+      location.hash = deliveriesHash({ status: f.get("status"), destination_id: f.get("destination_id"),
+        event_type: String(f.get("event_type")).trim(), since: localInputToIso(f.get("since")),
+        until: localInputToIso(f.get("until")) });
+    });
+    const pager = el("div", { class: "pager" },
+      params.get("after") ? el("a", { href: deliveriesHash(filters) }, "← newest") : null,
+      page.next ? el("a", { href: deliveriesHash({ ...filters, after: page.next }), id: "older" }, "older →") : null);
+    show(el("h1", {}, "Deliveries"), form,
+      page.data.length ? table(["id", "event#", "destination", "status", "attempt#", "next attempt", "last error", "created"],
+        deliveryRows(page.data)) : el("p", { class: "muted" }, "No deliveries match."),
+      pager);
+  },
+});
+
+pages.delivery = id => ({
+  async load() {
+    const d = await api("GET", `/v1/deliveries/${id}`);
+    const event = await api("GET", `/v1/events/${d.event_id}`);
+    const attempts = d.attempts.slice().reverse().map(a => el("tr", { "data-attempt": a.attempt },
+      el("td", { class: "num" }, a.attempt), el("td", {}, time(a.started_at)),
+      el("td", { class: "num" }, ms(a.duration_ms)), el("td", { class: "num" }, a.status_code ?? "–"),
+      el("td", { class: "error" }, a.error || "–"),
+      el("td", {}, a.response_body ? el("pre", { class: "response-body" }, a.response_body) : "–")));
+    const replay = el("button", { type: "button", id: "replay", disabled: d.status === "in_flight",
+      onclick: () => act("Replay", api("POST", `/v1/deliveries/${id}/replay`)) }, "Replay");
+    show(
+      el("h1", {}, `Delivery ${d.id}`),
+      el("dl", { class: "fields" },
+        el("dt", {}, "status"), el("dd", {}, el("span", { class: `badge s-${d.status}`, id: "delivery-status" }, d.status)),
+        el("dt", {}, "destination"), el("dd", {}, el("a", { href: `#/destination/${d.destination_id}` }, d.destination_id)),
+        el("dt", {}, "event"), el("dd", {}, `${event.id} (${event.type})`),
+        el("dt", {}, "attempts made"), el("dd", {}, d.attempt),
+        el("dt", {}, "next attempt"), el("dd", {}, d.status === "pending" ? time(d.next_attempt_at) : "–"),
+        el("dt", {}, "last error"), el("dd", { class: "error" }, d.last_error || "–"),
+        el("dt", {}, "created / completed"), el("dd", {}, `${time(d.created_at)} / ${time(d.completed_at)}`)),
+      el("p", {}, replay, " ", el("span", { class: "muted" }, "sends it again as a first attempt")),
+      el("h2", {}, "Event payload"), el("pre", { id: "payload" }, JSON.stringify(event.payload, null, 2)),
+      el("h2", {}, `Attempts (${d.attempts.length})`),
+      d.attempts.length ? table(["#", "started", "duration#", "status#", "error", "response body"], attempts)
+        : el("p", { class: "muted" }, "No attempt yet."));
+  },
+});
+
+route();

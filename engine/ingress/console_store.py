@@ -1,0 +1,128 @@
+"""The console's reads: events, deliveries by event type or time, per-destination stats and
+the overview. Each statement is a file under engine/sql/ whose header says which index
+serves it; tests/test_console_plan.py holds them to that with a million finished
+deliveries."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, AsyncRawCursor
+from psycopg.rows import dict_row
+
+from engine import queries, queue, status
+from engine.ingress import schemas as s
+
+
+async def _fetchall(conn: AsyncConnection, statement: bytes, params: tuple) -> list[tuple]:
+    cursor = await queue._run_async(conn, statement, params)
+    return await cursor.fetchall()
+
+
+async def list_events(
+    conn: AsyncConnection, event_type: str | None, since: dt.datetime | None,
+    until: dt.datetime | None, after_id: int | None, limit: int,
+) -> list[s.EventSummary]:
+    params: tuple = (since, until, after_id, limit)
+    statement = queries.CONSOLE_EVENTS
+    if event_type is not None:
+        statement, params = queries.CONSOLE_EVENTS_BY_TYPE, (*params, event_type)
+    return [s.EventSummary(*row) for row in await _fetchall(conn, statement, params)]
+
+
+async def list_deliveries_by_event(
+    conn: AsyncConnection, event_type: str | None, since: dt.datetime | None,
+    until: dt.datetime | None, status_: str | None, destination_id: int | None,
+    after_id: int | None, limit: int,
+) -> list[s.Delivery]:
+    """Deliveries of the events of a type and/or a time range, newest event first."""
+    statement = (queries.CONSOLE_DELIVERIES_BY_TIME if event_type is None
+                 else queries.CONSOLE_DELIVERIES_BY_TYPE)
+    rows = await _fetchall(
+        conn, statement, (event_type, since, until, status_, destination_id, after_id, limit)
+    )
+    return [s.Delivery(*row) for row in rows]
+
+
+async def list_dead(
+    conn: AsyncConnection, destination_id: int | None, before_id: int | None, limit: int,
+) -> list[s.Delivery]:
+    rows = await _fetchall(conn, queries.CONSOLE_DEAD_DELIVERIES,
+                           (destination_id, before_id, limit))
+    return [s.Delivery(*row) for row in rows]
+
+
+async def destination_stats(
+    conn: AsyncConnection, destination_id: int, window_s: float,
+    dead_since: dt.datetime | None,
+) -> s.DestinationStats:
+    rows = await _fetchall(conn, queries.DESTINATION_STATS,
+                           (destination_id, window_s, dead_since))
+    return s.DestinationStats(destination_id, window_s, *rows[0], dead_since)
+
+
+# status_queue.sql's fan-out averages read a day of events: at most this often, per
+# ingress process, however many consoles refresh.
+FANOUT_REFRESH_S = 300.0
+_fanout: dict[str, Any] = {"at": -math.inf, "queue": {}}
+
+
+async def _rows(conn: AsyncConnection, statement: bytes, params: tuple = ()) -> list[dict]:
+    cursor = AsyncRawCursor(conn, row_factory=dict_row)
+    await cursor.execute(statement, params)
+    return await cursor.fetchall()
+
+
+async def _fanout_figures(conn: AsyncConnection) -> dict[str, Any]:
+    if time.monotonic() - _fanout["at"] >= FANOUT_REFRESH_S:
+        queue_row = (await _rows(conn, queries.STATUS_QUEUE))[0]
+        _fanout["queue"] = {k: queue_row[k] for k in ("fanout_last_hour", "fanout_day_before")}
+        _fanout["at"] = time.monotonic()
+    return _fanout["queue"]
+
+
+async def _statement_shares(conn: AsyncConnection) -> dict | None:
+    """What status.collect_status reads from pg_stat_statements, on the asyncio side."""
+    if not await _rows(conn, b"SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'"):
+        return None
+    try:
+        async with conn.transaction():
+            return (await _rows(conn, queries.STATUS_STATEMENTS))[0]
+    except psycopg.Error:  # installed but not preloaded
+        return None
+
+
+async def overview(conn: AsyncConnection, window_s: float) -> s.Overview:
+    """The figures and warnings of `engine status` (status.warnings over the same
+    statements, in one snapshot), except that the fan-out averages come from
+    _fanout_figures; plus the per-minute chart and each destination's window."""
+    fanout = await _fanout_figures(conn)
+    async with conn.transaction():
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        depth = (await _rows(conn, queries.CONSOLE_DEPTH))[0]
+        collected: dict[str, Any] = {
+            "queue": {**depth, **fanout},
+            "breakers": (await _rows(conn, queries.STATUS_BREAKERS))[0],
+            "destinations": await _rows(conn, queries.STATUS_DESTINATIONS,
+                                        (status.TOP_DESTINATIONS,)),
+            "tables": await _rows(conn, queries.STATUS_TABLES),
+            "pg_stat_statements": await _statement_shares(conn),
+            # The ingress pool's session: opened like every engine process's.
+            "settings": (await _rows(conn, queries.STATUS_SETTINGS))[0],
+        }
+        minutes = await _fetchall(conn, queries.CONSOLE_MINUTES, ())
+        destinations = await _fetchall(conn, queries.CONSOLE_DESTINATION_WINDOW, (window_s,))
+        now = await _fetchall(conn, b"SELECT now()", ())
+    return s.Overview(
+        at=now[0][0],
+        window_s=window_s,
+        queue=s.QueueDepth(**depth),
+        breakers=s.BreakerCounts(**collected["breakers"]),
+        per_minute=[s.MinuteCount(*row) for row in minutes],
+        destinations=[s.DestinationSummary(*row) for row in destinations],
+        warnings=status.warnings(collected),
+    )

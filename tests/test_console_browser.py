@@ -1,0 +1,318 @@
+"""The console in a real browser: Debian's chromium driven by playwright, against a real
+engine (supervisor, worker, ingress) delivering to three loopback destinations: one
+healthy, one failing (HTTP 500, its breaker opens), one dead (nothing listens).
+
+Each test saves a screenshot of the page it checked (under pytest's tmp dir; set
+ENGINE_CONSOLE_SCREENSHOTS=DIR to keep them, as docs/console/ was made)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.enginerun import Engine, wait_until
+from tests.httpserver_helpers import closed_port
+from tests.ingress_server import IngressProcess
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Outside CI a machine without chromium skips these tests; in CI they must run (.ci/run
+# installs chromium first), so a missing browser or playwright fails there instead.
+if not os.environ.get("CI"):
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (bash tools/ensure-chromium.sh)",
+                    allow_module_level=True)
+    pytest.importorskip("playwright.sync_api", reason="the test extra: pip install playwright")
+
+from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+
+TOKEN = "console-browser-token"
+SCRIPT = "<script>window.__pwned = 1</script>"
+WAIT_S = 60
+
+
+class _Destination(BaseHTTPRequestHandler):
+    """/ok answers 204; /fail answers 500 with a body that holds a script tag."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        status, body = (204, b"") if self.path == "/ok" else (500, SCRIPT.encode())
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture(scope="module")
+def destination_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Destination)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def client_of(engine: Engine, token: str | None) -> IngressProcess:
+    [started] = wait_until(lambda: engine.events("supervisor_started"), WAIT_S, "supervisor")
+    client = IngressProcess("unused", token=token)  # only its HTTP client: the engine serves
+    client.port = int(started["bind"].rsplit(":", 1)[1])
+
+    def healthy() -> bool:
+        try:
+            return client.request("GET", "/healthz", timeout=2).status == 200
+        except OSError:
+            return False
+
+    wait_until(healthy, WAIT_S, "ingress to answer")
+    return client
+
+
+@pytest.fixture(scope="module")
+def world(
+    module_dsn: str, destination_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The engine, its destinations and their deliveries once everything has settled:
+    healthy's delivered, dead's dead (4 failures: under the breaker threshold), failing's
+    breaker open after 5 failures with its sixth attempt waiting for the probe."""
+    logs = tmp_path_factory.mktemp("console-engine")
+    saved = os.environ.get("ENGINE_API_TOKEN")
+    os.environ["ENGINE_API_TOKEN"] = TOKEN
+    try:
+        engine = Engine(module_dsn, logs, "--procs", "1", "--bind", "127.0.0.1:0",
+                        "--allow-private-targets", "--retry-schedule", "1s")
+        engine.__enter__()
+    finally:
+        if saved is None:
+            os.environ.pop("ENGINE_API_TOKEN")
+        else:
+            os.environ["ENGINE_API_TOKEN"] = saved
+    try:
+        client = client_of(engine, TOKEN)
+        ids = {}
+        for name, url in (("healthy", f"{destination_server}/ok"),
+                          ("failing", f"{destination_server}/fail"),
+                          ("dead", f"http://127.0.0.1:{closed_port()}/gone")):
+            answer = client.request("POST", "/v1/destinations", {"url": url})
+            assert answer.status == 201, answer
+            ids[name] = answer.json()["id"]
+        events = (
+            [{"type": "note.created", "payload": {"note": SCRIPT},
+              "destination_ids": [ids["healthy"]]}]
+            + [{"type": "order.paid", "payload": {"order": n},
+                "destination_ids": [ids["healthy"]]} for n in range(2)]
+            + [{"type": "order.paid", "payload": {"order": n},
+                "destination_ids": [ids["failing"]]} for n in range(3)]
+            + [{"type": "order.paid", "payload": {"order": n},
+                "destination_ids": [ids["dead"]]} for n in range(2)]
+        )
+        answer = client.request("POST", "/v1/events/batch", {"events": events})
+        assert answer.status == 202, answer
+        with psycopg.connect(module_dsn, autocommit=True) as db:
+            def settled() -> bool:
+                counts = dict(db.execute(
+                    "SELECT destination_id || ':' || status, count(*) FROM finished_deliveries"
+                    " GROUP BY 1").fetchall())
+                breaker = db.execute("SELECT breaker::text FROM destinations WHERE id = %s",
+                                     (ids["failing"],)).fetchone()
+                return (counts.get(f"{ids['healthy']}:delivered") == 3
+                        and counts.get(f"{ids['dead']}:dead") == 2
+                        and breaker == ("open",))
+            wait_until(settled, WAIT_S, "the deliveries to settle")
+        yield {"engine": engine, "client": client, "ids": ids, "dsn": module_dsn,
+               "shots": tmp_path_factory.mktemp("console-screenshots")}
+    finally:
+        engine.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    yield opened
+    context.close()
+    assert not errors, errors  # no script error on any page
+
+
+def screenshot(world: dict[str, Any], page: Page, name: str) -> None:
+    path = world["shots"] / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    keep = os.environ.get("ENGINE_CONSOLE_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(keep) / path.name)
+
+
+def open_console(world: dict[str, Any], page: Page, where: str = "overview") -> None:
+    """Open the console at #/where and answer the token prompt."""
+    page.goto(f"{world['client'].base_url}/console#/{where}")
+    expect(page.locator("#token-prompt")).to_be_visible()
+    page.fill("#token-input", TOKEN)
+    page.click("#token-form button[type=submit]")
+    expect(page.locator("#token-prompt")).to_be_hidden()
+
+
+def db_rows(world: dict[str, Any], query: str, params: tuple = ()) -> list[tuple]:
+    with psycopg.connect(world["dsn"], autocommit=True) as db:
+        return db.execute(query, params).fetchall()
+
+
+def test_overview_numbers_match_the_database(world: dict[str, Any], page: Page) -> None:
+    open_console(world, page)
+    expect(page.locator("#per-minute")).to_be_visible()
+    query = ("SELECT (SELECT count(*) FROM deliveries WHERE status = 'pending'),"
+             " (SELECT count(*) FROM deliveries WHERE status = 'in_flight'),"
+             " (SELECT count(*) FROM finished_deliveries WHERE status = 'dead'),"
+             " (SELECT count(*) FROM destinations WHERE breaker <> 'closed')")
+
+    def shown_matches() -> bool:
+        # The database before and after the page read: equal, the page saw that state.
+        before = db_rows(world, query)[0]
+        page.reload()
+        expect(page.locator("#depth-dead")).to_be_visible()
+        shown = tuple(int(page.inner_text(f"#{name}")) for name in
+                      ("depth-pending", "depth-in_flight", "depth-dead", "breakers-open"))
+        return before == shown == db_rows(world, query)[0]
+
+    wait_until(shown_matches, WAIT_S, "the overview to show the database's numbers")
+    assert int(page.inner_text("#breakers-open")) == 1  # the failing destination
+    screenshot(world, page, "overview")
+
+
+def test_a_wrong_token_shows_the_prompt_and_no_data(world: dict[str, Any], page: Page) -> None:
+    page.goto(f"{world['client'].base_url}/console#/destinations")
+    expect(page.locator("#token-prompt")).to_be_visible()
+    page.fill("#token-input", "not-the-token")
+    page.click("#token-form button[type=submit]")
+    expect(page.locator("#token-message")).to_contain_text("refused")
+    expect(page.locator("#token-prompt")).to_be_visible()
+    assert page.locator("[data-destination]").count() == 0
+    assert page.evaluate("sessionStorage.getItem('engine.api_token')") is None
+    screenshot(world, page, "wrong-token")
+
+
+def test_pause_and_resume_a_destination_from_the_page(
+    world: dict[str, Any], page: Page
+) -> None:
+    healthy = world["ids"]["healthy"]
+    open_console(world, page, "destinations")
+    row = page.locator(f"tr[data-destination='{healthy}']")
+    row.locator("[data-action=pause]").click()
+    expect(row.locator(".state")).to_contain_text("paused")
+    assert db_rows(world, "SELECT paused FROM destinations WHERE id = %s", (healthy,)) == [
+        (True,)]
+    screenshot(world, page, "destinations-paused")
+    row.locator("[data-action=resume]").click()
+    expect(row.locator(".state")).not_to_contain_text("paused")
+    assert db_rows(world, "SELECT paused FROM destinations WHERE id = %s", (healthy,)) == [
+        (False,)]
+    # The failing destination's row says why it fails.
+    failing = page.locator(f"tr[data-destination='{world['ids']['failing']}']")
+    expect(failing.locator("td.error")).to_contain_text("500")
+    expect(failing.locator(".state")).to_contain_text("open")
+    screenshot(world, page, "destinations")
+
+
+def test_replay_a_dead_delivery_from_its_page(world: dict[str, Any], page: Page) -> None:
+    [(delivery_id,)] = db_rows(
+        world, "SELECT min(id) FROM finished_deliveries WHERE destination_id = %s"
+               " AND status = 'dead'", (world["ids"]["dead"],))
+    open_console(world, page, f"delivery/{delivery_id}")
+    expect(page.locator("#delivery-status")).to_have_text("dead")
+    attempts = page.locator("tr[data-attempt]")
+    expect(attempts).to_have_count(2)
+    expect(attempts.first.locator("td.error")).not_to_have_text("\u2013")
+    page.click("#replay")
+    # The live refresh brings the new attempt in without a reload.
+    expect(attempts).to_have_count(3, timeout=WAIT_S * 1000)
+    assert db_rows(world, "SELECT count(*) FROM delivery_attempts WHERE delivery_id = %s",
+                   (delivery_id,))[0][0] >= 3
+    screenshot(world, page, "delivery-replayed")
+
+
+def test_script_in_a_payload_and_a_response_body_is_shown_as_text(
+    world: dict[str, Any], page: Page
+) -> None:
+    [(delivery_id,)] = db_rows(
+        world, "SELECT d.id FROM finished_deliveries d JOIN events e ON e.id = d.event_id"
+               " WHERE e.type = 'note.created'")
+    open_console(world, page, f"delivery/{delivery_id}")
+    expect(page.locator("#payload")).to_contain_text(SCRIPT)
+    assert page.locator("#payload script").count() == 0
+    screenshot(world, page, "delivery-script-payload")
+    [(failed_id,)] = db_rows(
+        world, "SELECT min(id) FROM finished_deliveries WHERE destination_id = %s",
+        (world["ids"]["failing"],)) or [(None,)]
+    if failed_id is None:  # its last delivery may still wait for the probe
+        [(failed_id,)] = db_rows(world, "SELECT min(id) FROM deliveries WHERE destination_id"
+                                        " = %s", (world["ids"]["failing"],))
+    page.goto(f"{world['client'].base_url}/console#/delivery/{failed_id}")
+    expect(page.locator(".response-body").first).to_have_text(SCRIPT)
+    assert page.locator("main script").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    screenshot(world, page, "delivery-script-response")
+
+
+def test_deliveries_filters_are_in_the_url_and_bulk_replay_confirms_the_count(
+    world: dict[str, Any], page: Page
+) -> None:
+    dead = world["ids"]["dead"]
+    open_console(world, page, f"deliveries?destination_id={dead}&status=dead")
+    expect(page.locator("tr[data-delivery]").first).to_be_visible()
+    [(dead_now,)] = db_rows(world, "SELECT count(*) FROM finished_deliveries"
+                                   " WHERE destination_id = %s AND status = 'dead'", (dead,))
+    expect(page.locator("tr[data-delivery]")).to_have_count(dead_now)
+    page.select_option("#delivery-filters select[name=status]", "")
+    page.fill("#delivery-filters input[name=event_type]", "order.paid")
+    page.click("#delivery-filters button[type=submit]")
+    expect(page).to_have_url(f"{world['client'].base_url}/console#/deliveries?"
+                             f"destination_id={dead}&event_type=order.paid")
+    screenshot(world, page, "deliveries")
+
+    page.goto(f"{world['client'].base_url}/console#/destination/{dead}")
+    page.click("#bulk-replay button[type=submit]")
+    [(dead_now,)] = db_rows(world, "SELECT count(*) FROM finished_deliveries"
+                                   " WHERE destination_id = %s AND status = 'dead'", (dead,))
+    expect(page.locator("#replay-confirm")).to_contain_text(f"Replay {dead_now} dead")
+    screenshot(world, page, "bulk-replay-confirm")
+    page.click("[data-action=confirm-replay]")
+    expect(page.locator("main")).to_contain_text(f"Replayed {dead_now} deliveries")
+
+
+def test_console_works_without_a_token_on_loopback(
+    world: dict[str, Any], browser: Browser
+) -> None:
+    with IngressProcess(world["dsn"]) as ingress:  # ENGINE_API_TOKEN unset
+        context = browser.new_context(viewport={"width": 1360, "height": 900})
+        page = context.new_page()
+        page.goto(f"{ingress.base_url}/console")
+        expect(page.locator("#depth-dead")).to_be_visible()
+        assert page.locator("#token-prompt").is_hidden()
+        context.close()

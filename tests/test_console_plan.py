@@ -1,0 +1,268 @@
+"""Plan tests for the console's reads: with a million finished deliveries (each with its
+attempt and its event) every statement behind a console request stays on its indexes and
+reads no history table whole, in custom and generic plans alike (see test_claim_plan.py
+for the method). The last test times each console request over HTTP against the same
+database and prints the table (timings are reported, not asserted: the machine is shared).
+
+The history is spread 100 ms apart (10 deliveries a second for 28 hours), so the last hour
+holds 36,000 attempts: the per-minute chart and the destinations' window read those, and
+that is their cost, whatever the size of the history before it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from engine import queries
+from tests.dbserver import DatabaseFactory
+from tests.ingress_server import IngressProcess
+from tests.test_claim_plan import HISTORY_TABLES, PLAN_MODES, Plan, explain, nodes, seq_scanned
+
+pytestmark = pytest.mark.pg_versions
+
+FINISHED = 1_000_000
+PENDING = 1_000
+DESTINATIONS = 10
+STEP = "100 ms"  # between consecutive deliveries of the history
+TYPES = 20  # event types, round robin: 'type.0' .. 'type.19'
+
+
+def fill(conn: psycopg.Connection) -> None:
+    """1,000,000 finished deliveries (1 % dead) with one attempt and one event each, then
+    1,000 pending deliveries (a quarter retrying, with an attempt each)."""
+    total = FINISHED + PENDING
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO destinations (url, secret)"
+            " SELECT 'http://127.0.0.1:9/' || g, 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw'"
+            " FROM generate_series(1, %s) g", (DESTINATIONS,))
+        conn.execute(
+            "INSERT INTO events (id, type, payload, delivery_count, created_at)"
+            " OVERRIDING SYSTEM VALUE"
+            " SELECT g, 'type.' || g %% %s, '{\"n\": ' || g || '}', 1,"
+            f"        now() - %s * interval '{STEP}' + g * interval '{STEP}'"
+            " FROM generate_series(1, %s) g", (TYPES, total, total))
+        conn.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), %s)", (total,))
+        conn.execute(
+            "INSERT INTO finished_deliveries (id, event_id, destination_id, status, attempt,"
+            "                                 next_attempt_at, created_at, completed_at)"
+            " SELECT g, g, 1 + g %% %s,"
+            "        CASE WHEN g %% 100 = 0 THEN 'dead' ELSE 'delivered' END::delivery_status,"
+            "        1, t, t, t + interval '50 ms'"
+            " FROM generate_series(1, %s) g,"
+            f"      LATERAL (SELECT now() - %s * interval '{STEP}' + g * interval '{STEP}' AS t)"
+            " ts", (DESTINATIONS, FINISHED, total))
+        conn.execute(
+            "INSERT INTO delivery_attempts (delivery_id, destination_id, attempt, started_at,"
+            "                               duration_ms, status_code, response_body, error)"
+            " SELECT g, 1 + g %% %s, 1,"
+            "        now() - %s * interval '{STEP}' + g * interval '{STEP}',"
+            "        5 + g %% 200, CASE WHEN g %% 100 = 0 THEN 500 ELSE 200 END, 'ok',"
+            "        CASE WHEN g %% 100 = 0 THEN 'HTTP 500' END"
+            " FROM generate_series(1, %s) g".replace("{STEP}", STEP),
+            (DESTINATIONS, total, FINISHED))
+        conn.execute("SELECT setval('delivery_id_seq', %s)", (FINISHED,))
+        conn.execute(
+            "INSERT INTO deliveries (event_id, destination_id, attempt, next_attempt_at,"
+            "                        created_at)"
+            " SELECT %s + g, 1 + g %% %s, CASE WHEN g %% 4 = 0 THEN 1 ELSE 0 END,"
+            "        now() + interval '1 minute', now()"
+            " FROM generate_series(1, %s) g", (FINISHED, DESTINATIONS, PENDING))
+        conn.execute(
+            "INSERT INTO delivery_attempts (delivery_id, destination_id, attempt, started_at,"
+            "                               duration_ms, status_code, error)"
+            " SELECT id, destination_id, 1, now() - interval '30 s', 10000, NULL, 'timed out'"
+            " FROM deliveries WHERE attempt = 1")
+    conn.execute("VACUUM (ANALYZE) events, finished_deliveries, deliveries, delivery_attempts")
+
+
+@pytest.fixture(scope="module")
+def big_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
+    url = database_factory.create()
+    with psycopg.connect(url, autocommit=True) as conn:
+        fill(conn)
+    yield url
+    database_factory.drop(url)
+
+
+@pytest.fixture
+def tx(big_dsn: str) -> Iterator[psycopg.Connection]:
+    with (
+        psycopg.connect(big_dsn, prepare_threshold=None) as connection,
+        connection.transaction(force_rollback=True),
+    ):
+        yield connection
+
+
+def scanned_indexes(plan: Plan) -> set[str]:
+    return {n["Index Name"] for n in nodes(plan) if "Index Name" in n}
+
+
+def at(tx: psycopg.Connection, minutes_ago: float) -> dt.datetime:
+    row = tx.execute("SELECT now() - %s * interval '1 minute'", (minutes_ago,)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def check(explained: Plan, uses: set[str], record_property: Any, what: str, mode: str) -> None:
+    plan = explained["Plan"]
+    touched = seq_scanned(plan)
+    assert not touched & HISTORY_TABLES, (what, touched)
+    # "a|b": either index will do (for a common event type the planner may walk all
+    # events by time and filter, which reads as few rows).
+    scanned = scanned_indexes(plan)
+    missing = {u for u in uses if not set(u.split("|")) & scanned}
+    assert not missing, (what, missing, scanned)
+    ms = float(explained["Execution Time"])
+    record_property(f"{what}_{mode}_execution_ms", ms)
+    print(f"\n{what} ({mode}): execution {ms:.3f} ms, rows {plan['Actual Rows']}")
+
+
+def middle_cursor(tx: psycopg.Connection, table: str) -> int:
+    """An id from the middle of the history: a page deep in the list."""
+    row = tx.execute(f"SELECT id FROM {table} WHERE id = %s", (FINISHED // 2,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_events_pages_walk_their_index(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    cursor = middle_cursor(tx, "events")
+    since, until = at(tx, 600), at(tx, 300)
+    cases = [
+        ("events_first_page", queries.CONSOLE_EVENTS, [None, None, None, 100],
+         {"events_created_id_idx"}),
+        ("events_deep_page", queries.CONSOLE_EVENTS, [None, None, cursor, 100],
+         {"events_created_id_idx", "events_pkey"}),
+        ("events_time_range", queries.CONSOLE_EVENTS, [since, until, None, 100],
+         {"events_created_id_idx"}),
+        ("events_of_a_type", queries.CONSOLE_EVENTS_BY_TYPE, [None, None, cursor, 100,
+                                                              "type.7"],
+         {"events_type_created_idx|events_created_id_idx"}),
+    ]
+    for what, statement, params, uses in cases:
+        types = "timestamptz, timestamptz, bigint, int" + (", text" if len(params) == 5 else "")
+        explained = explain(tx, mode, statement, types, params)
+        assert explained["Plan"]["Actual Rows"] == 100, what
+        check(explained, uses, record_property, what, mode)
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_deliveries_by_event_type_and_time_walk_the_events_indexes(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    cursor = middle_cursor(tx, "finished_deliveries")
+    types = "text, timestamptz, timestamptz, text, bigint, bigint, int"
+    cases = [
+        ("deliveries_of_a_type", queries.CONSOLE_DELIVERIES_BY_TYPE,
+         ["type.3", None, None, None, None, None, 100],
+         {"events_type_created_idx|events_created_id_idx"}, 100),
+        ("deliveries_of_a_type_deep_dead", queries.CONSOLE_DELIVERIES_BY_TYPE,
+         ["type.0", None, None, "dead", 1, cursor, 50],
+         {"events_type_created_idx|events_created_id_idx"}, 50),
+        ("deliveries_in_a_time_range", queries.CONSOLE_DELIVERIES_BY_TIME,
+         [None, at(tx, 120), at(tx, 60), None, 3, None, 100], {"events_created_id_idx"}, 100),
+    ]
+    for what, statement, params, uses, rows in cases:
+        explained = explain(tx, mode, statement, types, params)
+        assert explained["Plan"]["Actual Rows"] == rows, what
+        check(explained, uses | {"finished_deliveries_event_idx"}, record_property, what,
+              mode)
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_dead_deliveries_and_depth_read_only_dead_rows(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    cursor = middle_cursor(tx, "finished_deliveries")
+    cases = [
+        ("dead_of_a_destination", [1, cursor, 50],
+         "finished_deliveries_dead_id_idx|finished_deliveries_dead_all_idx"),
+        ("dead_of_all", [None, None, 50], "finished_deliveries_dead_all_idx"),
+    ]
+    for what, params, index in cases:
+        explained = explain(tx, mode, queries.CONSOLE_DEAD_DELIVERIES, "bigint, bigint, int",
+                            params)
+        assert explained["Plan"]["Actual Rows"] == 50, what
+        check(explained, {index}, record_property, what, mode)
+    explained = explain_plain(tx, queries.CONSOLE_DEPTH)
+    check(explained, {"finished_deliveries_dead_idx|finished_deliveries_dead_all_idx"},
+          record_property, "console_depth", mode)
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_window_statistics_read_only_the_window(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    attempts = {"delivery_attempts_started_idx"}
+    cases = [
+        ("console_minutes", queries.CONSOLE_MINUTES, "", [],
+         {"delivery_attempts_started_idx"}, 60),
+        ("console_destination_window", queries.CONSOLE_DESTINATION_WINDOW, "float8", [3600.0],
+         attempts, DESTINATIONS),
+        ("destination_stats_1h", queries.DESTINATION_STATS, "bigint, float8, timestamptz",
+         [3, 3600.0, None], attempts | {"finished_deliveries_dead_idx"}, 1),
+    ]
+    for what, statement, types, params, uses, rows in cases:
+        if not params:  # no parameters: PREPARE takes no type list
+            explained = explain_plain(tx, statement)
+        else:
+            explained = explain(tx, mode, statement, types, params)
+        assert explained["Plan"]["Actual Rows"] == rows, what
+        check(explained, uses, record_property, what, mode)
+
+
+def explain_plain(tx: psycopg.Connection, statement: bytes) -> Plan:
+    row = tx.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement).fetchone()
+    assert row is not None
+    return dict(row[0][0])
+
+
+CONSOLE_REQUESTS = (
+    "/v1/overview",
+    "/v1/destinations",
+    "/v1/destinations/3/stats?window=1h",
+    "/v1/destinations/3/stats?window=24h",
+    "/v1/deliveries?limit=50",
+    "/v1/deliveries?limit=50&status=dead&destination_id=3",
+    "/v1/deliveries?limit=50&status=dead",
+    "/v1/deliveries?limit=50&event_type=type.3",
+    "/v1/deliveries?limit=50&event_type=type.0&status=dead&destination_id=1",
+    "/v1/deliveries?limit=50&since={hour_ago}&until={half_hour_ago}",
+    "/v1/deliveries/500000",
+    "/v1/events/500000",
+    "/v1/events?limit=50&type=type.9",
+)
+
+
+def test_console_request_times(big_dsn: str, record_property: Any) -> None:
+    """Each console request over HTTP, median of 5 after a warm-up. Printed and recorded;
+    asserted only to succeed."""
+    now = dt.datetime.now(dt.UTC)
+    stamp = {"hour_ago": now - dt.timedelta(hours=1),
+             "half_hour_ago": now - dt.timedelta(minutes=30)}
+    with IngressProcess(big_dsn) as ingress:
+        lines = ["request | median ms | max ms"]
+        for template in CONSOLE_REQUESTS:
+            path = template.format(**{k: v.isoformat().replace("+00:00", "Z")
+                                      for k, v in stamp.items()})
+            assert ingress.request("GET", path).status == 200, path
+            times = []
+            for _ in range(5):
+                started = time.perf_counter()
+                answer = ingress.request("GET", path)
+                times.append((time.perf_counter() - started) * 1000)
+                assert answer.status == 200, (path, answer)
+            median = statistics.median(times)
+            record_property(f"console_request_ms {template}", median)
+            lines.append(f"{template} | {median:.1f} | {max(times):.1f}")
+    print("\n" + "\n".join(lines))
