@@ -67,7 +67,7 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
     secrets: list[str]
     payload: str
     max_in_flight: int | None = None  # the destination's cap on concurrent requests
-    claim_token: int | None = None  # names this claim; its results carry it (schema/007)
+    claim_token: int | None = None  # names this claim; its results carry it (schema/008)
 
 
 OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})

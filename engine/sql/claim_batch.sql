@@ -22,7 +22,7 @@
 -- between BEGIN and this statement must not commit a lease that has already run out
 -- (the reaper would hand the rows to a second worker while the first sends them).
 -- claim_token: one new value per claim statement (an InitPlan, evaluated once), which the
--- results of this claim must carry (schema/007_claim_token.sql).
+-- results of this claim must carry (schema/008_claim_token.sql).
 --
 -- The final UPDATE finds its rows by primary key (= ANY of the chosen ids) whatever the
 -- planner thinks of the backlog's size.

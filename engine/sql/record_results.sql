@@ -16,7 +16,7 @@
 -- The guard (locked_by = $1, same attempt, same claim_token) makes a late result for a
 -- delivery that was reaped, released or re-claimed change nothing, including its history
 -- and its destination's breaker. The token is what tells two claims of one worker with
--- the same attempt number apart (released, then claimed again; schema/007). A result
+-- the same attempt number apart (released, then claimed again; schema/008). A result
 -- without a token (claim_token null: made by hand, not from a claim) is held to the
 -- older (locked_by, attempt) guard only; the worker's results always carry it. `locked_by` is set exactly while a row is in flight, so the guard
 -- leaves `status` out on purpose: a status condition lets the planner use the partial
