@@ -65,6 +65,29 @@ def open_database(settings: Settings, *, announce: bool = True) -> Database:
     return Database(engine_conninfo(server.dsn), server)
 
 
+# Server-side bounds on the engine's queue sessions (claims, results, reaping), so that no
+# transaction holding claimed rows or locks can outlive a frozen, starved or cut-off
+# process: the server ends the session itself, its transaction rolls back, and the rows
+# are claimable again at once (instead of after the lease, or never while it holds them).
+# A transaction of ours is open only while a statement runs or between the statements of
+# one pipelined claim, so the two bounds together bound every transaction.
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 5_000
+# Generous: the statements are milliseconds when healthy; this is for a claim that waits
+# on a lock or a plan gone wrong, which must fail (and be retried) rather than hold
+# everything it has locked so far.
+STATEMENT_TIMEOUT_MS = 30_000
+
+
+def session_options(dsn: str) -> str:
+    """libpq `options` for the engine's queue sessions: the DSN's own options, then the
+    bounds above, set in the startup packet (no extra round trip; a reconnect keeps
+    them). Ours come last, so they win over the same settings in the DSN."""
+    given = conninfo_to_dict(dsn).get("options") or ""
+    ours = (f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS}"
+            f" -c statement_timeout={STATEMENT_TIMEOUT_MS}")
+    return f"{given} {ours}".strip()
+
+
 def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
     """An autocommit connection: the queue functions open their own short transactions."""
     return psycopg.connect(dsn, autocommit=True, **kwargs)  # type: ignore[arg-type]

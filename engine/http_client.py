@@ -13,6 +13,7 @@ still counts as answered): an endless body must not hold a slot until timeout.
 """
 
 import asyncio
+import contextlib
 import errno
 import os
 import time
@@ -24,6 +25,8 @@ from urllib.parse import urlsplit
 import msgspec
 import pycurl
 
+from engine.curl_faults import FaultLog
+from engine.oplog import log_event
 from engine.targets import (
     Allowance,
     TargetRefused,
@@ -65,6 +68,11 @@ ERROR_NAMES = {
     pycurl.E_GOT_NOTHING: "recv",
     pycurl.E_PARTIAL_FILE: "recv",
     pycurl.E_TOO_MANY_REDIRECTS: "too_many_redirects",
+    # Not HTTP: a garbage status line (8), or no status line at all (HTTP/0.9, which
+    # curl refuses as 1, "unsupported protocol"). Which of the two an endpoint gets
+    # depends on how much of its answer the first read sees, so they share one name.
+    pycurl.E_FTP_WEIRD_SERVER_REPLY: "invalid_response",  # CURLE_WEIRD_SERVER_REPLY
+    pycurl.E_UNSUPPORTED_PROTOCOL: "invalid_response",
 } | {code: "tls" for code in TLS_ERRORS}
 
 
@@ -232,11 +240,11 @@ class CurlPool:
         self._loop = asyncio.get_running_loop()
         self._max_body = max_body
         self._max_drain = max_drain
-        self._multi = pycurl.CurlMulti()
-        self._multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
-        self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
-        self._multi.setopt(pycurl.M_MAXCONNECTS, max_connects)
-        self._multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, max_host_connections)
+        self._max_connects = max_connects
+        self._max_host_connections = max_host_connections
+        self.faults = FaultLog()
+        self.rebuilds = 0  # times the multi handle was found unusable and replaced
+        self._multi = self._new_multi()
         self._free: list[_Transfer] = []
         self._active: dict[pycurl.Curl, _Transfer] = {}
         self._watched: dict[int, int] = {}  # fd -> POLL_* currently registered
@@ -250,6 +258,14 @@ class CurlPool:
         self._timer_due = 0.0
         self._closed = False
         self._checking: set[asyncio.Task[HttpResult]] = set()  # first lookups of a host
+
+    def _new_multi(self) -> pycurl.CurlMulti:
+        multi = pycurl.CurlMulti()
+        multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
+        multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
+        multi.setopt(pycurl.M_MAXCONNECTS, self._max_connects)
+        multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, self._max_host_connections)
+        return multi
 
     @property
     def in_flight(self) -> int:
@@ -319,7 +335,20 @@ class CurlPool:
             curl.setopt(pycurl.RESOLVE, [] if pin is None else _resolve_entry(url, pin))
         transfer.start(on_done)
         self._active[curl] = transfer
-        self._multi.add_handle(curl)
+        try:
+            self._multi.add_handle(curl)
+        except pycurl.error as exc:
+            # The multi is dead (see engine/curl_faults.py): replace it, then try once
+            # more on the new one. This request fails as an attempt only if that fails too.
+            del self._active[curl]
+            self._rebuild(exc)
+            self._active[curl] = transfer
+            try:
+                self._multi.add_handle(curl)
+            except pycurl.error as again:
+                del self._active[curl]
+                transfer.on_done = None
+                self._loop.call_soon(on_done, _failed(f"internal: {again}", transfer.started_at))
         return transfer
 
     async def post_checked(
@@ -419,9 +448,56 @@ class CurlPool:
         transfer.on_done = None
         self._free.append(transfer)  # closed by `close`, after the multi
 
-    # libcurl callbacks. They must not raise and must not call back into the multi.
+    def _rebuild(self, exc: BaseException) -> None:
+        """Replace an unusable multi handle. Its transfers end as failed attempts (from
+        the loop, never from inside a caller): each was claimed once and is answered
+        once, so nothing is lost and no claim is doubled; a request that did reach its
+        destination may be retried, as with any failed attempt."""
+        self.faults.note("multi_unusable", exc)
+        self.rebuilds += 1
+        old, transfers = self._multi, list(self._active.values())
+        log_event("http_client_rebuilt", error=str(exc)[:300], failed_transfers=len(transfers),
+                  rebuilds=self.rebuilds)
+        self._active.clear()
+        self._cancel_timer()
+        for fd in list(self._watched):
+            self._loop.remove_reader(fd)
+            self._loop.remove_writer(fd)
+        self._watched.clear()
+        self._idle_readers.clear()
+        self._multi = self._new_multi()
+        with warnings.catch_warnings():  # as in close: the sockets are closed all the same
+            warnings.filterwarnings("ignore", "closesocket_callback", RuntimeWarning)
+            for transfer in transfers:
+                with contextlib.suppress(pycurl.error):
+                    old.remove_handle(transfer.curl)
+            old.close()
+        for transfer in transfers:  # not recycled: their state belonged to the dead multi
+            on_done = transfer.on_done
+            transfer.on_done = None
+            transfer.curl.close()
+            if on_done is not None:
+                self._loop.call_soon(on_done, _failed(
+                    f"internal: http client rebuilt after {exc}", transfer.started_at))
+
+    # libcurl callbacks. They must not raise (see engine/curl_faults.py) and must not call
+    # back into the multi.
 
     def _on_socket(self, what: int, fd: int, multi: pycurl.CurlMulti, socketp: object) -> None:
+        try:
+            self._watch(what, fd)
+        except Exception as exc:
+            self.faults.note("socket_callback", exc)
+            self._watched.pop(fd, None)
+            self._idle_readers.discard(fd)
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(fd)
+                self._loop.remove_writer(fd)
+            # curl must learn that this socket is not watched: an error event on it, from
+            # the loop, fails the transfer using it instead of leaving it to its timeout.
+            self._loop.call_soon(self._act, fd, pycurl.CSELECT_ERR)
+
+    def _watch(self, what: int, fd: int) -> None:
         # POLL_IN = 1 and POLL_OUT = 2 are bits (POLL_INOUT = 3); POLL_REMOVE = 4 means none.
         wanted = what & pycurl.POLL_INOUT
         watched = self._watched.get(fd, 0)
@@ -433,6 +509,21 @@ class CurlPool:
         changed = wanted ^ watched
         if not changed:
             return
+        try:
+            self._register(fd, wanted, changed)
+        except RuntimeError as exc:
+            # A closed poll handle left over by uvloop (see engine/curl_faults.py): drop
+            # it, then register everything wanted on a fresh one.
+            self.faults.note("closed_poll_handle", exc)
+            self._loop.remove_reader(fd)
+            self._loop.remove_writer(fd)
+            self._register(fd, wanted, wanted)
+        if wanted:
+            self._watched[fd] = wanted
+        else:
+            del self._watched[fd]
+
+    def _register(self, fd: int, wanted: int, changed: int) -> None:
         loop = self._loop
         if changed & pycurl.POLL_IN:
             loop.add_reader(fd, self._on_readable, fd)
@@ -441,12 +532,16 @@ class CurlPool:
                 loop.add_writer(fd, self._on_writable, fd)
             else:
                 loop.remove_writer(fd)
-        if wanted:
-            self._watched[fd] = wanted
-        else:
-            del self._watched[fd]
 
     def _on_timer(self, timeout_ms: int) -> None:
+        try:
+            self._set_timer(timeout_ms)
+        except Exception as exc:
+            self.faults.note("timer_callback", exc)
+            self._timer = None
+            self._loop.call_soon(self._on_timeout)  # curl still gets its timeouts run
+
+    def _set_timer(self, timeout_ms: int) -> None:
         if timeout_ms < 0:
             self._cancel_timer()
             return
@@ -471,11 +566,17 @@ class CurlPool:
     # Event loop callbacks: hand readiness to libcurl, then collect finished transfers.
 
     def _on_close_socket(self, fd: int) -> int:
-        if self._watched.pop(fd, None) is not None and not self._closed:
-            self._loop.remove_reader(fd)
-            self._loop.remove_writer(fd)
         self._idle_readers.discard(fd)
-        os.close(fd)
+        try:
+            if self._watched.pop(fd, None) is not None and not self._closed:
+                self._loop.remove_reader(fd)
+                self._loop.remove_writer(fd)
+        except Exception as exc:  # a callback of libcurl's: never raise into it
+            self.faults.note("close_socket_callback", exc)
+        try:
+            os.close(fd)
+        except OSError as exc:
+            self.faults.note("close_socket", exc)
         return 0
 
     def _on_readable(self, fd: int) -> None:
@@ -498,16 +599,23 @@ class CurlPool:
         self._timer = None
         self._act(pycurl.SOCKET_TIMEOUT, 0)
         if self._timer is None and not self._closed:
-            next_ms = self._multi.timeout()
+            try:
+                next_ms = self._multi.timeout()
+            except pycurl.error as exc:
+                self._rebuild(exc)
+                return
             if next_ms >= 0:
                 self._on_timer(next_ms)
 
     def _act(self, fd: int, events: int) -> None:
         if self._closed:
             return
-        _, running = self._multi.socket_action(fd, events)
-        if running < len(self._active):
-            self._collect()
+        try:
+            _, running = self._multi.socket_action(fd, events)
+            if running < len(self._active):
+                self._collect()
+        except pycurl.error as exc:
+            self._rebuild(exc)
 
     def _collect(self) -> None:
         while True:
@@ -527,4 +635,7 @@ class CurlPool:
         result = transfer.result(code, message)
         self._release(transfer)
         if on_done is not None:
-            on_done(result)
+            try:
+                on_done(result)
+            except Exception as exc:  # the others collected with it must still finish
+                self.faults.note("on_done", exc)

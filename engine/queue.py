@@ -70,6 +70,7 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
     headers: dict[str, str] | None = None  # the destination's static extra headers
     retry_schedule: list[float] | None = None  # its own retry delays (seconds), if any
     rate_limit: float | None = None  # its requests per second, if limited
+    claim_token: int | None = None  # names this claim; its results carry it (schema/009)
 
 
 OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
@@ -88,6 +89,8 @@ class Result(msgspec.Struct, frozen=True, gc=False):
     error: str | None = None
     body: str | None = None
     next_attempt_at: dt.datetime | None = None
+    # The claim's token: the result applies only while that claim is the current one.
+    claim_token: int | None = None
 
 
 _RESULTS_ENCODER = msgspec.json.Encoder()

@@ -27,9 +27,11 @@ from functools import partial
 import psycopg
 import uvloop
 from psycopg import sql
+from psycopg.errors import IdleInTransactionSessionTimeout
 
 from engine import queue_async
 from engine.config import Settings
+from engine.database import session_options
 from engine.http_client import CurlPool, HttpResult
 from engine.metrics import instruments
 from engine.oplog import log_event
@@ -221,7 +223,8 @@ class DeliveryWorker:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self.dsn, autocommit=True, application_name=f"engine worker {self.worker}"
+                    self.dsn, autocommit=True, application_name=f"engine worker {self.worker}",
+                    options=session_options(self.dsn),
                 )
                 if listen:
                     await conn.execute(
@@ -270,7 +273,9 @@ class DeliveryWorker:
                 claims = await queue_async.claim_batch(
                     self.claim_conn, self.worker, limit, settings.lease_ms, reserve, piling_up
                 )
-            except psycopg.OperationalError as exc:
+            except (psycopg.OperationalError, IdleInTransactionSessionTimeout) as exc:
+                # The second: the server ended a claim transaction this process left open
+                # too long (stopped or starved; see database.session_options).
                 log_event("worker_claim_failed", worker=self.worker, error=str(exc))
                 await self._reconnect_claim()
                 continue
@@ -282,7 +287,7 @@ class DeliveryWorker:
             # A claim that left silent destinations out and found nothing else is followed
             # at once by one that takes them too, not by a wait for the next poll.
             maybe_more = len(claims) == limit or (bool(piling_up) and not claims)
-            if self.stopping:
+            if self.stopping or self._claim_outlived_lease(took):
                 for claim in claims:
                     self.held += 1
                     self._release(claim)
@@ -299,6 +304,17 @@ class DeliveryWorker:
         if fastest is not None:
             wait = min(RATE_RECHECK_MAX_S, max(RATE_RECHECK_MIN_S, 1 / fastest))
             self.retry_due = min(self.retry_due, time.monotonic() + wait)
+
+    def _claim_outlived_lease(self, took_s: float) -> bool:
+        """A claim that took this long may have committed long before its answer came
+        back (this process was stopped or starved in between), so its lease may be nearly
+        gone or already reaped and sent by another worker: give it back unsent (the
+        release is a no-op for rows no longer ours, see record_results.sql)."""
+        settings = self.settings
+        if took_s * 1000 <= settings.lease_ms - settings.max_timeout_ms - LEASE_SAFETY_MS:
+            return False
+        log_event("worker_claim_too_late", worker=self.worker, took_s=round(took_s, 1))
+        return True
 
     async def _reconnect_claim(self) -> None:
         await self.claim_conn.close()
@@ -339,7 +355,8 @@ class DeliveryWorker:
             if claim.attempt > len(self._schedule(claim)) + 1:
                 # Lost attempts (dead workers, expired leases) used the last one up.
                 self._add_result(
-                    Result(claim.id, claim.attempt, "dead", _utcnow(), error=EXHAUSTED)
+                    Result(claim.id, claim.attempt, "dead", _utcnow(), error=EXHAUSTED,
+                           claim_token=claim.claim_token)
                 )
                 continue
             self.held += 1
@@ -396,7 +413,8 @@ class DeliveryWorker:
         slots.started.pop(claim.id, None)
         if response is None:
             # The drain deadline passed with this request unanswered.
-            result = Result(claim.id, claim.attempt, "released", _utcnow())
+            result = Result(claim.id, claim.attempt, "released", _utcnow(),
+                            claim_token=claim.claim_token)
         else:
             if response.status_code is not None:
                 self.answered_at[claim.destination_id] = time.monotonic()
@@ -426,7 +444,8 @@ class DeliveryWorker:
     def _release(self, claim: Claim) -> None:
         """Give back a claim that was never sent: the attempt is undone."""
         self.held -= 1
-        self._add_result(Result(claim.id, claim.attempt, "released", _utcnow()))
+        self._add_result(Result(claim.id, claim.attempt, "released", _utcnow(),
+                                claim_token=claim.claim_token))
 
     def _outcome(self, claim: Claim, response: HttpResult) -> Result:
         started = dt.datetime.fromtimestamp(response.started_at, dt.UTC)
@@ -439,13 +458,14 @@ class DeliveryWorker:
         )
         if response.ok:
             return Result(claim.id, claim.attempt, "delivered", started, duration, status,
-                          None, body)
+                          None, body, claim_token=claim.claim_token)
         if status == 410 and response.error is None:
             # The destination is disabled by record_results; the delivery waits for it.
             schedule = self._schedule(claim)
             delay = retry_delay(schedule, claim.attempt) or schedule[-1]
             return Result(claim.id, claim.attempt, "gone", started, duration, status,
-                          "HTTP 410", body, _utcnow() + dt.timedelta(seconds=delay))
+                          "HTTP 410", body, _utcnow() + dt.timedelta(seconds=delay),
+                          claim.claim_token)
         retry_after = response.retry_after if status in (429, 503) else None
         return self._failure(
             claim, started, duration, status, response.error or f"HTTP {status}", body,
@@ -463,11 +483,12 @@ class DeliveryWorker:
     ) -> Result:
         delay = retry_delay(self._schedule(claim), claim.attempt)
         if delay is None:
-            return Result(claim.id, claim.attempt, "dead", started, duration, status, error, body)
+            return Result(claim.id, claim.attempt, "dead", started, duration, status, error, body,
+                          claim_token=claim.claim_token)
         if retry_after is not None:
             delay = max(delay, min(retry_after, MAX_RETRY_AFTER_S))
         return Result(claim.id, claim.attempt, "retry", started, duration, status, error, body,
-                      _utcnow() + dt.timedelta(seconds=delay))
+                      _utcnow() + dt.timedelta(seconds=delay), claim.claim_token)
 
     async def _sweep_loop(self) -> None:
         """Release claims that waited for a slot (their destination's cap, or any free

@@ -8,6 +8,8 @@ CREATE TYPE breaker_state AS ENUM ('closed', 'open', 'half_open');
 
 CREATE SEQUENCE delivery_id_seq AS bigint;
 
+CREATE SEQUENCE claim_token_seq AS bigint;
+
 CREATE TABLE destinations (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     url text NOT NULL,
@@ -76,6 +78,7 @@ CREATE TABLE deliveries (
     last_error text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     holds_slot boolean DEFAULT false NOT NULL,
+    claim_token bigint,
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::delivery_status, 'in_flight'::delivery_status]))),
     CONSTRAINT deliveries_pkey PRIMARY KEY (id)
 );

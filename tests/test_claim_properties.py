@@ -417,10 +417,11 @@ def test_claimer_processes_never_share_a_delivery_and_drain_everything(
 # 2. The queue against a model
 # ---------------------------------------------------------------------------------------
 
-# Time. The SQL asks PostgreSQL for now(); these tests freeze and move that clock instead
-# of shifting stored timestamps. A `testclock.now()` that reads a session setting sits
-# ahead of pg_catalog on this connection's search_path, so the unchanged queries resolve
-# now() to it: the model and the database agree on the time to the microsecond, with no
+# Time. The SQL asks PostgreSQL for now() and clock_timestamp(); these tests freeze and
+# move that clock instead of shifting stored timestamps. A `testclock.now()` (and
+# `testclock.clock_timestamp()`) that reads a session setting sits ahead of pg_catalog on
+# this connection's search_path, so the unchanged queries resolve them to it:
+# the model and the database agree on the time to the microsecond, with no
 # race against the wall clock and no rewriting of rows. Column defaults were bound to
 # pg_catalog.now() when the schema was created and still stamp the real time; the frozen
 # clock starts far in the future, so rows stamped that way are simply in its past.
@@ -429,6 +430,9 @@ INSTALL_CLOCK = (
     "CREATE SCHEMA IF NOT EXISTS testclock",
     "CREATE OR REPLACE FUNCTION testclock.now() RETURNS timestamptz LANGUAGE sql STABLE"
     " AS $$ SELECT current_setting('testclock.now')::timestamptz $$",
+    # A claim's lease runs from clock_timestamp() (claim_batch.sql): the same frozen clock.
+    "CREATE OR REPLACE FUNCTION testclock.clock_timestamp() RETURNS timestamptz"
+    " LANGUAGE sql VOLATILE AS $$ SELECT current_setting('testclock.now')::timestamptz $$",
     "SET search_path = testclock, pg_catalog, public",
 )
 

@@ -19,6 +19,13 @@
 -- and stops after $limit rows (schema/004_claim_index_estimates.sql says why this key;
 -- tests/test_claim_plan.py checks the plans).
 --
+-- The lease (locked_until, and a probe's pause) runs from clock_timestamp(), the moment
+-- the rows are claimed, not from now(), the start of the transaction: a claimer stalled
+-- between BEGIN and this statement must not commit a lease that has already run out
+-- (the reaper would hand the rows to a second worker while the first sends them).
+-- claim_token: one new value per claim statement (an InitPlan, evaluated once), which the
+-- results of this claim must carry (schema/009_claim_token.sql).
+--
 -- The final UPDATE finds its rows by primary key (= ANY of the chosen ids) whatever the
 -- planner thinks of the backlog's size.
 --
@@ -49,7 +56,7 @@
 WITH probed_destinations AS (
     UPDATE destinations dest
        SET breaker = 'half_open',
-           paused_until = now() + make_interval(secs => $4 / 1000.0)
+           paused_until = clock_timestamp() + make_interval(secs => $4 / 1000.0)
       FROM (SELECT id FROM destinations
              WHERE breaker <> 'closed' AND paused_until <= now()
                AND NOT disabled AND NOT paused AND deleted_at IS NULL
@@ -203,10 +210,11 @@ WITH probed_destinations AS (
        SET status = 'in_flight',
            attempt = d.attempt + 1,
            locked_by = $1,
-           locked_until = now() + make_interval(secs => $4 / 1000.0),
+           locked_until = clock_timestamp() + make_interval(secs => $4 / 1000.0),
+           claim_token = (SELECT nextval('claim_token_seq')),
            holds_slot = d.destination_id = ANY ($5::bigint[])
      WHERE d.id = ANY (ARRAY(SELECT id FROM chosen))
- RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.holds_slot
+ RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.holds_slot, d.claim_token
 ), slots_taken AS (
     UPDATE destinations dest
        SET in_flight = dest.in_flight + t.n
@@ -219,7 +227,8 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
        CASE WHEN dest.previous_secret IS NOT NULL AND dest.previous_secret_until > now()
             THEN ARRAY[dest.secret, dest.previous_secret]
             ELSE ARRAY[dest.secret] END AS secrets,
-       ev.payload, dest.max_in_flight, dest.headers, dest.retry_schedule, dest.rate_limit
+       ev.payload, dest.max_in_flight, dest.headers, dest.retry_schedule, dest.rate_limit,
+       c.claim_token
   FROM claimed c
   JOIN destinations dest ON dest.id = c.destination_id
   JOIN events ev ON ev.id = c.event_id

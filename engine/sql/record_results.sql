@@ -4,7 +4,7 @@
 --      the worker claimed), outcome ('delivered' | 'retry' | 'dead' | 'gone' (410: retry
 --      later and disable the destination) | 'released' (never sent: back to pending,
 --      attempt undone)), started_at, duration_ms, status_code, error, body and
---      next_attempt_at (retry and gone)
+--      next_attempt_at (retry and gone), claim_token (from the claim; see below)
 --   $3 breaker threshold int, $4 breaker base pause ms int, $5 breaker max pause ms int
 --   $6 advisory lock class int (the key space of "updating this destination's breaker")
 --   $7 notification channel text: the one idle workers LISTEN on (engine.queries)
@@ -15,9 +15,12 @@
 -- element in Python (6 us per result, a tenth of a worker's CPU per delivery), while the
 -- document is encoded in C (msgspec) and parsed in C here.
 --
--- The guard (locked_by = $1, same attempt) makes a late result for a delivery that was
--- reaped, released or re-claimed change nothing, including its history and its
--- destination's breaker. `locked_by` is set exactly while a row is in flight, so the guard
+-- The guard (locked_by = $1, same attempt, same claim_token) makes a late result for a
+-- delivery that was reaped, released or re-claimed change nothing, including its history
+-- and its destination's breaker. The token is what tells two claims of one worker with
+-- the same attempt number apart (released, then claimed again; schema/009). A result
+-- without a token (claim_token null: made by hand, not from a claim) is held to the
+-- older (locked_by, attempt) guard only; the worker's results always carry it. `locked_by` is set exactly while a row is in flight, so the guard
 -- leaves `status` out on purpose: a status condition lets the planner use the partial
 -- in-flight index, whose statistics (taken when little was in flight) predict one row,
 -- and it then joins that index to the batch by nested loop, quadratic in the batch size.
@@ -27,15 +30,17 @@ WITH result AS (
       FROM ROWS FROM (json_to_recordset($2::json)
                       AS (id bigint, attempt smallint, outcome text,
                           next_attempt_at timestamptz, started_at timestamptz,
-                          duration_ms int, status_code smallint, error text, body text))
+                          duration_ms int, status_code smallint, error text, body text,
+                          claim_token bigint))
            WITH ORDINALITY
            AS r(id, attempt, outcome, next_attempt_at, started_at, duration_ms,
-                status_code, error, body, ord)
+                status_code, error, body, claim_token, ord)
 ), finished AS (
     DELETE FROM deliveries d
      USING result r
      WHERE d.id = r.id AND d.attempt = r.attempt
        AND d.locked_by = $1
+       AND d.claim_token IS NOT DISTINCT FROM coalesce(r.claim_token, d.claim_token)
        AND r.outcome IN ('delivered', 'dead')
  RETURNING d.*, r.outcome, r.error
 ), archived AS (
@@ -55,10 +60,12 @@ WITH result AS (
            last_error = CASE WHEN r.outcome = 'released' THEN d.last_error
                              ELSE left(r.error, 500) END,
            locked_by = NULL,
-           locked_until = NULL
+           locked_until = NULL,
+           claim_token = NULL
       FROM result r
      WHERE d.id = r.id AND d.attempt = r.attempt
        AND d.locked_by = $1
+       AND d.claim_token IS NOT DISTINCT FROM coalesce(r.claim_token, d.claim_token)
        AND r.outcome IN ('retry', 'gone', 'released')
  RETURNING d.id, d.destination_id, r.outcome, d.holds_slot
 ), applied AS (

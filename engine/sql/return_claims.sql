@@ -25,7 +25,7 @@ WITH lost AS (
        FOR UPDATE OF d SKIP LOCKED
 ), requeued AS (
     UPDATE deliveries d
-       SET status = 'pending', locked_by = NULL, locked_until = NULL,
+       SET status = 'pending', locked_by = NULL, locked_until = NULL, claim_token = NULL,
            next_attempt_at = now(), last_error = $3
       FROM lost
      WHERE d.id = lost.id AND d.attempt < lost.max_attempts

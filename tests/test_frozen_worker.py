@@ -1,0 +1,84 @@
+"""A worker frozen (SIGSTOP) inside its claim transaction: the server ends that
+transaction within a short bound, the other worker delivers the work meanwhile, and the
+resumed worker reconnects and goes on without sending anything twice.
+
+Deterministic: the test holds an exclusive lock on `destinations` while it enqueues, so
+every worker's next claim waits inside its transaction, on the lock (pg_stat_activity
+shows it); the test stops one of them there, then lets the lock go. The stopped worker's
+first statement completes, and its session sits `idle in transaction` with nobody to
+send the next one, which is the state the issue saw for 96 s."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import psycopg
+
+from engine import queue
+from engine.database import IDLE_IN_TRANSACTION_TIMEOUT_MS
+from engine.queue import EventIn
+from tests.enginerun import Engine, wait_until
+from tests.hostile_servers import HostileServer
+from tests.test_queue import add_destination
+
+EVENTS = 50
+
+
+def claim_session(conn: psycopg.Connection, pid: int) -> tuple[str, str | None] | None:
+    """(state, wait_event_type) of the worker's session that is inside a transaction."""
+    row = conn.execute(
+        "SELECT state, wait_event_type FROM pg_stat_activity WHERE application_name = %s"
+        " AND xact_start IS NOT NULL", [f"engine worker {socket.gethostname()}:{pid}"]
+    ).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def delivered(conn: psycopg.Connection) -> int:
+    row = conn.execute("SELECT count(*) FROM finished_deliveries WHERE status = 'delivered'"
+                       ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_worker_frozen_in_its_claim_transaction(
+    dsn: str, conn: psycopg.Connection, tmp_path: Path
+) -> None:
+    with HostileServer() as server, Engine(
+        dsn, tmp_path, "--procs", "2", "--bind", "127.0.0.1:0", "--allow-private-targets",
+    ) as engine:
+        add_destination(conn, url=server.url("healthy"))
+        wait_until(lambda: len(engine.events("child_started")) >= 4, 60, "children")
+        frozen, other = engine.worker_pids()
+        with psycopg.connect(dsn) as locker:  # not autocommit: one transaction
+            locker.execute("LOCK TABLE destinations IN ACCESS EXCLUSIVE MODE")
+            queue.enqueue_events(locker, [EventIn("t", f'{{"n":{i}}}') for i in range(EVENTS)])
+            wait_until(lambda: claim_session(conn, frozen) == ("active", "Lock"), 30,
+                       "the worker's claim waiting on the lock")
+            os.kill(frozen, signal.SIGSTOP)
+            try:
+                locker.commit()
+                wait_until(lambda: (claim_session(conn, frozen) or ("",))[0]
+                           == "idle in transaction", 10, "the frozen claim left open")
+                left_open = time.monotonic()
+                # Nobody is left to end it but the server.
+                wait_until(lambda: claim_session(conn, frozen) is None,
+                           IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 + 10, "the server ending it")
+                closed_after = time.monotonic() - left_open
+                wait_until(lambda: delivered(conn) == EVENTS, 60, "the other worker's work")
+            finally:
+                os.kill(frozen, signal.SIGCONT)
+        queue.enqueue_events(conn, [EventIn("t", f'{{"m":{i}}}') for i in range(EVENTS)])
+        wait_until(lambda: delivered(conn) == 2 * EVENTS, 60, "deliveries after the thaw")
+        # The thawed worker found its session gone and reconnected: it is still the same
+        # process, and it claims again.
+        wait_until(lambda: [r for r in engine.events("worker_claim_failed")
+                            if r["worker"].endswith(f":{frozen}")], 30, "the reconnect")
+        assert engine.worker_pids() == [frozen, other]
+        assert not engine.events("child_exited")
+    assert sorted(server.healthy_ids.values()) == [1] * (2 * EVENTS)  # no duplicate
+    assert closed_after <= IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 + 2, closed_after
+    print(f"frozen claim transaction ended by the server {closed_after:.1f} s after it"
+          f" was left open")
