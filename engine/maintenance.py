@@ -24,7 +24,7 @@ import psycopg
 from engine import queries, queue
 from engine.config import Settings
 from engine.leader import Leadership
-from engine.oplog import log_event
+from engine.oplog import Outage, log_event
 from engine.queue import _run
 from engine.retention import run_retention
 
@@ -96,13 +96,16 @@ def run_maintenance(settings: Settings, dsn: str,
     leadership = Leadership(dsn)
     jobs = _jobs(settings, leadership)
     work_conn: psycopg.Connection | None = None
+    # Once a second during an outage: two log lines for all of it, not one per tick.
+    outage = Outage("maintenance")
     try:
         while not stop.is_set():
             was_leader = leadership.held
             try:
                 leader = leadership.try_acquire()
+                outage.recovered()
             except psycopg.Error as exc:
-                log_event("leader_error", role="maintenance", error=str(exc))
+                outage.failed(exc, "leader lock")
                 leader = False
             if leader and not was_leader:
                 log_event("leader_acquired", role="maintenance")

@@ -227,7 +227,7 @@ class DeliveryWorker:
                     )
                 return conn
             except psycopg.OperationalError as exc:
-                self.outage.failed(exc)
+                self.outage.failed(exc, "connect")
                 self._give_up_after_drain_deadline()
                 await asyncio.sleep(RECONNECT_DELAY_S)
 
@@ -269,7 +269,7 @@ class DeliveryWorker:
                     self.claim_conn, self.worker, limit, settings.lease_ms, reserve, piling_up
                 )
             except psycopg.OperationalError as exc:
-                self.outage.failed(exc)
+                self.outage.failed(exc, "claim")
                 await self._reconnect_claim()
                 continue
             self.outage.recovered()
@@ -317,7 +317,7 @@ class DeliveryWorker:
                         pass
                     return True
         except psycopg.OperationalError as exc:
-            self.outage.failed(exc)
+            self.outage.failed(exc, "listen")
             await self._reconnect_claim()
             return True
         return False
@@ -537,7 +537,7 @@ class DeliveryWorker:
                 self.outage.recovered()
                 return
             except psycopg.OperationalError as exc:
-                self.outage.failed(exc)
+                self.outage.failed(exc, "record")
                 self._give_up_after_drain_deadline()
                 await self.flush_conn.close()
                 await asyncio.sleep(RECONNECT_DELAY_S)

@@ -94,7 +94,8 @@ class Committer:
     ) -> None:
         self.dsn = dsn
         # With a gate (the app's), an outage it knows of is refused at once and reported
-        # once by it; on its own, the committer reports its outages itself.
+        # once by it. `outage` reports commits that fail on a live session (statement
+        # timeouts), and lost sessions too when there is no gate.
         self.gate = gate
         self.outage = Outage("ingress commit")
         self.max_waiting_events = max_waiting_events
@@ -202,9 +203,9 @@ class Committer:
             # write): nobody's events are known to be written.
             _fail(batch, errors.unavailable())
             if conn is None or conn.broken or conn.closed:
-                self._lost(exc)
-            else:
-                log.warning("ingress commit failed: %s", exc)
+                self._lost(exc, "commit")
+            else:  # a statement timeout, say: the database is up but cannot commit
+                self.outage.failed(exc, "commit")
             if conn is not None:
                 await conn.close()
             return None
@@ -223,8 +224,7 @@ class Committer:
             log.exception("ingress commit failed")
             _fail(batch, errors.internal())
             return conn
-        if self.gate is None:
-            self.outage.recovered()
+        self.outage.recovered()
         if self.pause_after_commit_s:
             await asyncio.sleep(self.pause_after_commit_s)
         for submission, answer in answers.items():
@@ -266,11 +266,11 @@ class Committer:
             if conn is not None:
                 await conn.close()
 
-    def _lost(self, error: psycopg.OperationalError) -> None:
+    def _lost(self, error: psycopg.OperationalError, during: str) -> None:
         if self.gate is not None:
-            self.gate.lost(error)
+            self.gate.lost(error, during)
         else:
-            self.outage.failed(error)
+            self.outage.failed(error, during)
 
     async def _connect(self, name: str) -> psycopg.AsyncConnection:
         conn = await psycopg.AsyncConnection.connect(

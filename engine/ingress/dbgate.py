@@ -71,9 +71,9 @@ class DatabaseGate:
             open=False, timeout=POOL_TIMEOUT_S, name="ingress",
         )
 
-    def lost(self, error: object) -> None:
+    def lost(self, error: object, during: str) -> None:
         """The database could not be reached: refuse requests until a probe connects."""
-        self.outage.failed(error)
+        self.outage.failed(error, during)
         if self._prober is None or self._prober.done():
             self._prober = asyncio.create_task(self._probe_until_up())
 
@@ -86,7 +86,7 @@ class DatabaseGate:
             yield conn
         except psycopg.OperationalError as exc:
             if conn.broken or conn.closed:  # not a statement timeout: the session is gone
-                self.lost(exc)
+                self.lost(exc, "request")
             raise
         finally:
             await pool.putconn(conn)
@@ -117,7 +117,7 @@ class DatabaseGate:
         try:
             await self._probe()
         except psycopg.OperationalError as exc:
-            self.lost(exc)
+            self.lost(exc, "probe")
             raise errors.unavailable() from None
 
     async def _probe(self) -> None:
@@ -146,7 +146,7 @@ class DatabaseGate:
             try:
                 await self._probe()
             except psycopg.OperationalError as exc:
-                self.outage.failed(exc)
+                self.outage.failed(exc, "probe")
                 continue
             assert self.pool is not None
             await self._renew(self.pool)
