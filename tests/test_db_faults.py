@@ -198,6 +198,13 @@ def _unfinished(dsn: str) -> int:
     return int(row[0])
 
 
+def _attempts(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM delivery_attempts").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -294,6 +301,8 @@ def test_idle_engine_serves_the_first_requests_after_a_restart(
         assert client.request("POST", "/v1/events", {"type": "t", "payload": 2}).status == 202
         assert client.request("GET", "/healthz").status == 200
         fake.wait_for("idle", "delivered_ids", 2, timeout=30)
+        # Event 2 went to both destinations: three attempts in all.
+        wait_until(lambda: _attempts(fault_dsn) == 3, 30, "the results recorded")
         records = [r for r in engine.events("database_recovered") if r["component"] == "worker"]
         assert all("record" not in r["failures"] for r in records), records
         assert not [r for r in engine.events("database_unavailable") if r["during"] == "record"]
