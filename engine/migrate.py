@@ -18,6 +18,9 @@ SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schema"
 # An arbitrary constant naming "engine migrations" in pg_advisory_lock's key space.
 MIGRATION_LOCK_KEY = 0x656E67696E65  # "engine"
 _FILE_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
+# schema/current.sql is the generated picture of the result (engine/schema_dump.py), not a
+# step: it is never applied.
+_NOT_A_MIGRATION = "current.sql"
 
 
 class SchemaTooNew(RuntimeError):
@@ -34,6 +37,8 @@ class Migration:
 def load_migrations(schema_dir: Path = SCHEMA_DIR) -> list[Migration]:
     migrations = []
     for path in sorted(schema_dir.glob("*.sql")):
+        if path.name == _NOT_A_MIGRATION:
+            continue
         match = _FILE_NAME.match(path.name)
         if match is None:
             raise ValueError(f"migration file name must look like 001_name.sql: {path.name}")
