@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections import Counter
@@ -306,3 +307,20 @@ def test_idle_engine_serves_the_first_requests_after_a_restart(
         records = [r for r in engine.events("database_recovered") if r["component"] == "worker"]
         assert all("record" not in r["failures"] for r in records), records
         assert not [r for r in engine.events("database_unavailable") if r["during"] == "record"]
+
+
+def test_ingress_started_without_a_database_refuses_at_once() -> None:
+    """No database from the start: 503 from the first request on, without a pool wait."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # nothing listens on it once closed
+    with IngressProcess(f"postgresql://postgres@127.0.0.1:{port}/postgres") as server:
+        for path in ("/healthz", "/v1/deliveries", "/v1/destinations"):
+            started = time.monotonic()
+            answer = server.request("GET", path)
+            assert answer.status == 503, answer
+            assert time.monotonic() - started < POOL_TIMEOUT_S
+        started = time.monotonic()
+        answer = server.request("POST", "/v1/events", {"type": "t", "payload": 1})
+        assert answer.status == 503, answer
+        assert time.monotonic() - started < POOL_TIMEOUT_S

@@ -53,8 +53,10 @@ class DatabaseGate:
         # is reported once by self.outage instead.
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
         self.pool = self._new_pool()
-        # Do not wait: with the database down the server still starts and answers 503.
+        # Do not wait: with the database down the server still starts and answers 503,
+        # at once from the first request on if this first probe fails.
         await self.pool.open(wait=False)
+        self._prober = asyncio.create_task(self._check_at_start())
 
     async def close(self) -> None:
         if self._prober is not None:
@@ -139,6 +141,13 @@ class DatabaseGate:
             task = asyncio.create_task(stale.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
+
+    async def _check_at_start(self) -> None:
+        try:
+            await self._probe()
+        except psycopg.OperationalError as exc:
+            self.outage.failed(exc, "probe")
+            await self._probe_until_up()
 
     async def _probe_until_up(self) -> None:
         while True:
