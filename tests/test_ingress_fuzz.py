@@ -54,22 +54,31 @@ def destination_id(server: IngressProcess) -> int:
     return int(listed["data"][0]["id"])
 
 
-def fingerprint(dsn: str) -> tuple[Any, ...]:
+@pytest.fixture(scope="module")
+def db(module_dsn: str) -> Iterator[psycopg.Connection]:
+    """One connection for every fingerprint: a connect per example would cost more than
+    the request it checks."""
+    with psycopg.connect(module_dsn, autocommit=True) as conn:
+        yield conn
+
+
+_FINGERPRINT = " UNION ALL ".join(
+    f"SELECT '{table}', count(*), coalesce(sum(hashtext(t::text)::bigint), 0) FROM {table} t"
+    for table in TABLES
+)
+
+
+def fingerprint(db: psycopg.Connection) -> tuple[Any, ...]:
     """Every row of every table, hashed: equal before and after means nothing was written."""
-    query = " UNION ALL ".join(
-        f"SELECT '{table}', count(*), coalesce(sum(hashtext(t::text)::bigint), 0)"
-        f" FROM {table} t" for table in TABLES
-    )
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return tuple(conn.execute(query).fetchall())
+    return tuple(db.execute(_FINGERPRINT).fetchall())
 
 
-def check_answer(answer: Answer, before: tuple[Any, ...], dsn: str) -> None:
+def check_answer(answer: Answer, before: tuple[Any, ...], db: psycopg.Connection) -> None:
     assert answer.status < 500, answer
     if answer.status >= 400:
         if answer.body:  # HEAD answers carry none
             assert set(answer.json()["error"]) == {"code", "message"}, answer
-        assert fingerprint(dsn) == before, f"refused with {answer} but wrote something"
+        assert fingerprint(db) == before, f"refused with {answer} but wrote something"
 
 
 def test_schemathesis_finds_no_server_error_or_schema_violation(
@@ -133,13 +142,13 @@ bodies = st.one_of(
     ("PATCH", "/v1/destinations/{id}"), ("POST", "/v1/destinations/{id}/replay"),
 ]))
 def test_random_bodies_are_refused_without_writing(
-    server: IngressProcess, module_dsn: str, destination_id: int, body: bytes,
+    server: IngressProcess, db: psycopg.Connection, destination_id: int, body: bytes,
     endpoint: tuple[str, str],
 ) -> None:
     method, path = endpoint
-    before = fingerprint(module_dsn)
+    before = fingerprint(db)
     answer = server.request(method, path.format(id=destination_id), raw=body)
-    check_answer(answer, before, module_dsn)
+    check_answer(answer, before, db)
 
 
 def _nested(shape: str, depth: int) -> bytes:
@@ -154,7 +163,7 @@ def _nested(shape: str, depth: int) -> bytes:
 @pytest.mark.parametrize("shape", ["arrays", "objects", "mixed"])
 @pytest.mark.parametrize("where", ["payload", "body", "batch"])
 def test_any_nesting_depth_is_a_4xx_naming_the_problem_or_accepted_whole(
-    server: IngressProcess, module_dsn: str, depth: int, shape: str, where: str
+    server: IngressProcess, db: psycopg.Connection, depth: int, shape: str, where: str
 ) -> None:
     nested = _nested(shape, depth)
     event = b'{"type": "t", "payload": ' + nested + b"}"
@@ -163,9 +172,9 @@ def test_any_nesting_depth_is_a_4xx_naming_the_problem_or_accepted_whole(
         "body": (nested, "/v1/events"),
         "batch": (b'{"events": [' + event + b"]}", "/v1/events/batch"),
     }[where]
-    before = fingerprint(module_dsn)
+    before = fingerprint(db)
     answer = server.request("POST", path, raw=raw)
-    check_answer(answer, before, module_dsn)
+    check_answer(answer, before, db)
     if depth >= 2_000:
         # As a whole body, the decoder sees the wrong type (or field) before the depth.
         assert answer.status in ((400, 413, 422) if where == "body" else (400, 413)), answer
@@ -199,16 +208,16 @@ _header_values = st.text(
 @given(headers=st.dictionaries(_header_names, _header_values, max_size=4),
        authorized=st.booleans())
 def test_random_headers_never_fail_the_server(
-    server: IngressProcess, module_dsn: str, headers: dict[str, str], authorized: bool
+    server: IngressProcess, db: psycopg.Connection, headers: dict[str, str], authorized: bool
 ) -> None:
     if authorized and not any(k.lower() == "authorization" for k in headers):
         headers["Authorization"] = f"Bearer {TOKEN}"
-    before = fingerprint(module_dsn)
+    before = fingerprint(db)
     answer = server.request(
         "POST", "/v1/events", raw=b'{"type": "t", "payload": {"h": 1}}',
         headers=headers, auth=False,
     )
-    check_answer(answer, before, module_dsn)
+    check_answer(answer, before, db)
     if answer.status == 202:
         assert any(v == f"Bearer {TOKEN}" for k, v in headers.items()
                    if k.lower() == "authorization")
@@ -233,16 +242,16 @@ _queries = st.lists(
        segments=st.lists(_segments, min_size=1, max_size=5), query=_queries,
        body=st.sampled_from([None, b"{}", b'{"type": "t", "payload": 1}', b"[", b"null"]))
 def test_random_paths_never_fail_the_server(
-    server: IngressProcess, module_dsn: str, method: str, segments: list[str], query: str,
+    server: IngressProcess, db: psycopg.Connection, method: str, segments: list[str], query: str,
     body: bytes | None,
 ) -> None:
     path = "/" + "/".join(segments) + (f"?{query}" if query else "")
-    before = fingerprint(module_dsn)
+    before = fingerprint(db)
     answer = server.request(method, path, raw=body)
     if method == "HEAD" or answer.status < 300:
         assert answer.status < 500, answer
     else:
-        check_answer(answer, before, module_dsn)
+        check_answer(answer, before, db)
 
 
 def test_the_run_made_enough_requests_and_no_server_error(server: IngressProcess) -> None:
