@@ -3,7 +3,7 @@ sat idle is used, so that a connection a database restart broke never reaches a 
 or a result: the server says goodbye (an error message, then EOF) to every session when
 it stops, so a connection it closed has something to read although we asked nothing.
 
-A select() with no timeout costs no round trip, unlike `SELECT 1`. It does not see a
+A poll() with no timeout costs no round trip, unlike `SELECT 1`. It does not see a
 peer that vanished without a word (a cut cable); statement and session timeouts and the
 failed statement itself cover that case.
 """
@@ -21,8 +21,11 @@ def closed_by_server(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool
     pending notification would look the same."""
     if conn.closed or conn.broken:
         return True
+    # poll, not select: a worker with hundreds of HTTP connections has descriptors
+    # above select's FD_SETSIZE (1024).
+    poller = select.poll()
     try:
-        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError, psycopg.OperationalError):
         return True
-    return bool(readable)
