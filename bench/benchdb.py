@@ -1,6 +1,8 @@
-"""What the database benchmarks share: a server (--dsn, else an embedded PostgreSQL 18 with
-fsync on in a temporary folder), a fresh migrated database on it, a million finished
-deliveries to sit beside the queue, latency summaries and the report file."""
+"""What the database benchmarks share: a server (--dsn, else --stock-pg15: a throwaway
+cluster of the machine's PostgreSQL 15 with its packaged defaults, else an embedded
+PostgreSQL 18 with fsync on in a temporary folder), a fresh migrated database on it, a
+million finished deliveries to sit beside the queue, what the server is and how it is set
+up, latency summaries and the report file."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import datetime as dt
 import json
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -22,6 +26,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 # Run from a checkout without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.database import engine_conninfo
 from engine.embedded import ensure_server
 from engine.migrate import migrate
 
@@ -29,11 +34,51 @@ REPORTS = Path(__file__).resolve().parent / "reports"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
+PG15_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
 @contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    """An admin DSN: the one given, or an embedded durable server stopped afterwards."""
+def stock_pg15() -> Iterator[str]:
+    """An admin DSN of a throwaway cluster of Debian's postgresql-15 with initdb's defaults
+    (JIT on, fsync and synchronous_commit on, shared_buffers 128MB), as tools/with-pg15.sh
+    starts one: loopback only, run as `postgres` when we are root (PostgreSQL refuses root),
+    stopped and deleted afterwards."""
+    if not (PG15_BIN / "initdb").exists():
+        raise SystemExit(f"--stock-pg15: no PostgreSQL 15 in {PG15_BIN}"
+                         " (apt-get install postgresql-15)")
+    folder = Path(tempfile.mkdtemp(prefix="engine-bench-pg15-"))
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
+    if as_postgres:
+        shutil.chown(folder, "postgres")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data = folder / "db"
+    subprocess.run([*as_postgres, str(PG15_BIN / "initdb"), "-D", str(data), "-U", "postgres",
+                    "--auth=trust", "-E", "UTF8"], check=True, stdout=subprocess.DEVNULL)
+    options = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories=''"
+               " -c max_connections=200")
+    subprocess.run([*as_postgres, str(PG15_BIN / "pg_ctl"), "-D", str(data), "-w", "-l",
+                    str(folder / "server.log"), "-o", options, "start"],
+                   check=True, stdout=subprocess.DEVNULL)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_postgres, str(PG15_BIN / "pg_ctl"), "-D", str(data), "-m", "fast",
+                        "-w", "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def server(dsn: str | None, *, stock_pg15_cluster: bool = False) -> Iterator[str]:
+    """An admin DSN: the one given, a stock PostgreSQL 15 cluster (`stock_pg15_cluster`),
+    or an embedded durable server; the last two are stopped afterwards."""
     if dsn:
         yield dsn
+        return
+    if stock_pg15_cluster:
+        with stock_pg15() as admin_dsn:
+            yield admin_dsn
         return
     folder = Path(tempfile.mkdtemp(prefix="engine-bench-pg-"))
     embedded = ensure_server(folder / "data", durable=True)
@@ -112,12 +157,31 @@ def _next_value(conn: psycopg.Connection, query: str) -> int:
 
 def settings(conn: psycopg.Connection) -> dict[str, str]:
     names = ("server_version", "fsync", "synchronous_commit", "full_page_writes",
-             "shared_buffers", "wal_level")
+             "shared_buffers", "wal_level", "jit", "jit_above_cost")
+    # current_setting() shows a value with its unit as one reads it ("128MB"); pg_settings
+    # gives it in the unit's multiples ("16384" of "8kB").
     rows = conn.execute(
-        "SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name = ANY(%s)",
+        "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
         (list(names),),
     ).fetchall()
     return {name: value for name, value in rows}
+
+
+def server_report(conn: psycopg.Connection) -> dict[str, Any]:
+    """What a report must say about the server: its build and version, its durability and
+    memory settings, and JIT as the server has it and as the engine's sessions get it
+    (engine.database.engine_conninfo turns it off)."""
+    report: dict[str, Any] = settings(conn)
+    row = conn.execute("SELECT version(), pg_jit_available()").fetchone()
+    assert row is not None
+    report["server_build"], report["jit_compiles"] = row
+    with psycopg.connect(engine_conninfo(conn.info.dsn), password=conn.info.password or None,
+                         autocommit=True) as engine_session:
+        row = engine_session.execute(
+            "SELECT current_setting('jit'), pg_jit_available()").fetchone()
+    assert row is not None
+    report["engine_session_jit"], report["engine_session_jit_compiles"] = row
+    return report
 
 
 def summary_ms(seconds: Sequence[float]) -> dict[str, float]:

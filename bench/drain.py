@@ -1,15 +1,23 @@
 """Drain benchmarks: how fast `engine --procs N` empties a backlog of pending deliveries.
 
-    python bench/drain.py [drain-fast|drain-slow|all] [--dsn URL] [--procs 2]
-                          [--count N] [--max-in-flight 512] [--repeat N] [--warm N]
-                          [--engine-warm N]
+    python bench/drain.py [drain-fast|drain-slow|all|many-destinations|capped-slow|mixes]
+                          [--dsn URL | --stock-pg15] [--cap N] [--procs 2] [--count N]
+                          [--max-in-flight 512] [--repeat N] [--warm N] [--engine-warm N]
 
 drain-fast: 20,000 deliveries to a destination that answers at once; drain-slow: 10,000 to
-one that answers after 100 ms. The backlog is in the queue when the engine starts, due 8 s
-later; meanwhile the engine sends --engine-warm deliveries to the same host under another
-name, which opens the connections a running engine has (--engine-warm 0: the backlog is
-due at once, and the run includes opening them). Without --dsn, a durable PostgreSQL (fsync and
-synchronous_commit on) is started in a temporary folder. The destination is
+one that answers after 100 ms (--cap N: that destination has max_in_flight N). Destination
+mixes: many-destinations, 20,000 deliveries over 1,000 destinations answering at once,
+about half of them capped at 10-50; capped-slow, 10,000 over 100 destinations capped at 5
+answering after 100 ms (ceiling 5,000/s). Each report says whether the fake destination
+ever saw more concurrent requests for a capped destination than its cap.
+
+The backlog is in the queue when the engine starts, due 8 s later; meanwhile the engine
+sends --engine-warm deliveries to the same host under another name, which opens the
+connections a running engine has (--engine-warm 0: the backlog is due at once, and the run
+includes opening them). Without --dsn, a durable PostgreSQL (fsync and synchronous_commit
+on) is started in a temporary folder: the embedded PostgreSQL 18, or with --stock-pg15 the
+machine's PostgreSQL 15 with its packaged defaults (JIT on). Reports record the server's
+build, jit (the server's and the engine sessions') and shared_buffers. The destination is
 bench/fakedest.mjs (it does not check signatures here: that would measure Node's HMAC, and
 the tests check them), warmed up with --warm requests before the engine starts. Reported:
 deliveries/s from the first to the last request the destination saw, CPU seconds of the
@@ -26,6 +34,7 @@ import datetime as dt
 import itertools
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -56,6 +65,87 @@ SCENARIOS = {
     "drain-fast": (20_000, "fast/drain"),
     "drain-slow": (10_000, "slow/100/drain"),
 }
+# Destination mixes (see mix_targets): name -> (deliveries, destinations).
+MIXES = {
+    # 1,000 destinations answering at once, about half of them capped at 10-50: with the
+    # caps far from binding, the rate should stay near drain-fast's.
+    "many-destinations": (20_000, 1_000),
+    # 100 destinations capped at 5, each answering after 100 ms: the caps bind, and the
+    # ceiling is 100 x 5 / 0.1 s = 5,000 deliveries/s.
+    "capped-slow": (10_000, 100),
+}
+CAPPED_SLOW_CAP = 5
+CAPPED_SLOW_CEILING = 5_000  # deliveries/s: 100 destinations x 5 slots / 100 ms
+MIX_SEED = 12  # the same caps on every run
+
+
+class Target(NamedTuple):
+    """One destination of a run: its fake destination path (whose last part, under
+    "drain", names it at the fake destination), its max_in_flight, its deliveries."""
+
+    path: str
+    cap: int | None
+    count: int
+
+
+def targets(name: str, args: argparse.Namespace) -> list[Target]:
+    if name in SCENARIOS:
+        count, path = SCENARIOS[name]
+        return [Target(path, args.cap, args.count or count)]
+    return mix_targets(name, args.count)
+
+
+def mix_targets(name: str, count: int | None) -> list[Target]:
+    total, destinations = MIXES[name]
+    total = count or total
+    rng = random.Random(MIX_SEED)
+    found = []
+    for k in range(destinations):
+        share = total // destinations + (1 if k < total % destinations else 0)
+        if name == "capped-slow":
+            found.append(Target(f"slow/100/drain/{k}", CAPPED_SLOW_CAP, share))
+        else:
+            cap = rng.randint(10, 50) if rng.random() < 0.5 else None
+            found.append(Target(f"fast/drain/{k}", cap, share))
+    return [t for t in found if t.count > 0]
+
+
+def drain_names(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The fake destination's counters of every drained name ("drain", "drain/<k>")."""
+    return {name: counters for name, counters in stats["names"].items()
+            if name == "drain" or name.startswith("drain/")}
+
+
+def drain_stats(dest: FakeDestination) -> dict[str, Any]:
+    """The counters of every drained destination, summed; per name under "names"."""
+    names = drain_names(dest.stats())
+    if not names:
+        return {}
+    summed: dict[str, Any] = {key: sum(int(n.get(key, 0)) for n in names.values())
+                              for key in ("requests", "delivered_ids", "duplicates")}
+    summed["first_request_ms"] = min(int(n["first_request_ms"]) for n in names.values())
+    summed["last_request_ms"] = max(int(n["last_request_ms"]) for n in names.values())
+    summed["max_concurrent"] = max(int(n.get("max_concurrent", 0)) for n in names.values())
+    summed["names"] = names
+    return summed
+
+
+def cap_report(watched_names: dict[str, dict[str, Any]], run: list[Target]) -> dict[str, Any]:
+    """Whether any capped destination ever had more requests open at once than its cap,
+    as the fake destination counted them."""
+    capped = [t for t in run if t.cap is not None]
+    over = {}
+    for target in capped:
+        name = target.path[target.path.index("drain"):]
+        seen = int(watched_names.get(name, {}).get("max_concurrent", 0))
+        if seen > target.cap:
+            over[name] = {"cap": target.cap, "max_concurrent": seen}
+    return {
+        "capped_destinations": len(capped),
+        "caps": sorted({t.cap for t in capped}),
+        "cap_ever_exceeded": bool(over),
+        "caps_exceeded": over,
+    }
 BENCH_DB = "engine_bench_drain"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ENQUEUE_BATCH = 5000
@@ -131,30 +221,40 @@ def engine_warm_up_count(args: argparse.Namespace) -> int:
     return args.procs * args.max_in_flight if args.engine_warm is None else args.engine_warm
 
 
-def add_destination(conn: psycopg.Connection, url: str) -> int:
+def add_destination(conn: psycopg.Connection, url: str, cap: int | None = None) -> int:
     row = conn.execute(
-        "INSERT INTO destinations (url, secret) VALUES (%s, %s) RETURNING id", (url, SECRET)
+        "INSERT INTO destinations (url, secret, max_in_flight) VALUES (%s, %s, %s)"
+        " RETURNING id", (url, SECRET, cap)
     ).fetchone()
     assert row is not None
     return int(row[0])
 
 
 def enqueue_backlog(
-    conn: psycopg.Connection, destination: int, count: int, delay_s: float = 0,
+    conn: psycopg.Connection, destination: int | dict[int, int], count: int = 0,
+    delay_s: float = 0,
 ) -> None:
-    """`count` deliveries to `destination`, due in `delay_s`, committed at once, then the
-    NOTIFY that ingress sends after each commit."""
+    """`count` deliveries to `destination` (or so many per destination id), interleaved,
+    due in `delay_s`, committed at once, then the NOTIFY that ingress sends after each
+    commit."""
+    counts = destination if isinstance(destination, dict) else {destination: count}
+    left = dict(counts)
+    order = []
+    while left:
+        for dest_id in list(left):
+            order.append(dest_id)
+            left[dest_id] -= 1
+            if not left[dest_id]:
+                del left[dest_id]
     with conn.transaction():
-        for start in range(0, count, ENQUEUE_BATCH):
-            events = [
-                EventIn("order.created", PAYLOAD, [destination])
-                for _ in range(min(ENQUEUE_BATCH, count - start))
-            ]
+        for start in range(0, len(order), ENQUEUE_BATCH):
+            events = [EventIn("order.created", PAYLOAD, [dest_id])
+                      for dest_id in order[start:start + ENQUEUE_BATCH]]
             queue.enqueue_events(conn, events)
         if delay_s:
             conn.execute(
                 "UPDATE deliveries SET next_attempt_at = now() + make_interval(secs => %s)"
-                " WHERE destination_id = %s", (delay_s, destination))
+                " WHERE destination_id = ANY(%s)", (delay_s, list(counts)))
     conn.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(NOTIFY_CHANNEL)))
 
 
@@ -172,7 +272,7 @@ def wait_until_recorded(
         if delivered >= count and conn.execute(
             "SELECT count(*) FROM deliveries WHERE destination_id = %s", (destination,)
         ).fetchone() == (0,):
-            if dest.name_stats("drain").get("requests"):
+            if drain_stats(dest).get("requests"):
                 break  # too late: the backlog is being sent already
             return
         time.sleep(0.05)
@@ -200,25 +300,25 @@ def postmaster_pid(conn: psycopg.Connection) -> int:
 
 
 def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, object]:
-    count, path = SCENARIOS[name]
-    count = args.count or count
+    run = targets(name, args)
+    count = sum(t.count for t in run)
+    path = run[0].path
     dsn = fresh_database(admin_dsn)
     with (
         FakeDestination(extra_args=["--keep", "0"]) as dest,
         psycopg.connect(dsn, autocommit=True) as conn,
     ):
         warm_destination(dest.url("fast/warm-up"), args.warm, args.procs * args.max_in_flight)
-        destination = add_destination(conn, dest.url(path))
+        per_destination = {add_destination(conn, dest.url(t.path), t.cap): t.count
+                           for t in run}
         engine_warm = engine_warm_up_count(args)
         # With a warm-up, the backlog falls due a few seconds after the engine starts, when
         # its warm-up deliveries are done; it is in the queue, analyzed, all the same.
-        enqueue_backlog(conn, destination, count, BACKLOG_DELAY_S if engine_warm else 0)
+        enqueue_backlog(conn, per_destination, delay_s=BACKLOG_DELAY_S if engine_warm else 0)
         conn.execute("VACUUM ANALYZE deliveries, events, destinations")
-        warm_up = add_destination(conn, dest.url(path.replace("drain", ENGINE_WARM_NAME)))
-        settings = {
-            key: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(key))).fetchone()[0]
-            for key in ("fsync", "synchronous_commit", "server_version")
-        }
+        warm_up = add_destination(
+            conn, dest.url(path[:path.index("drain")] + ENGINE_WARM_NAME))
+        settings = benchdb.server_report(conn)
         pg_pid = postmaster_pid(conn)
 
         command = [
@@ -241,16 +341,18 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
         attempt_ms = conn.execute(
             "SELECT percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY a.duration_ms)"
             "  FROM delivery_attempts a JOIN finished_deliveries f ON f.id = a.delivery_id"
-            " WHERE f.destination_id = %s", (destination,)
+            " WHERE f.destination_id = ANY(%s)", (list(per_destination),)
         ).fetchone()
         finished = conn.execute(
             "SELECT count(*) FROM finished_deliveries"
-            " WHERE status = 'delivered' AND destination_id = %s", (destination,)
+            " WHERE status = 'delivered' AND destination_id = ANY(%s)", (list(per_destination),)
         ).fetchone()
 
     return {
         "scenario": name,
         "deliveries": count,
+        "destinations": len(run),
+        **cap_report(watched.stats.get("names", {}), run),
         "recorded_delivered": finished[0] if finished else None,
         "left_in_queue": pending[0] if pending else None,
         **drain_report(watched),
@@ -288,21 +390,25 @@ def watch_drain(
             codes = [sender.poll() for sender in senders]
             raise RuntimeError(f"a sending process exited before the drain was done: {codes}")
 
-    while time.monotonic() < deadline and not dest.name_stats("drain").get("requests"):
+    while time.monotonic() < deadline and not drain_stats(dest).get("requests"):
         check_senders()
         time.sleep(0.005)
     before = parts_cpu(parts)
-    delivered_before = int(dest.name_stats("drain").get("delivered_ids", 0))
+    delivered_before = int(drain_stats(dest).get("delivered_ids", 0))
     stats: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        stats = dest.name_stats("drain")
+        stats = drain_stats(dest)
         if int(stats.get("delivered_ids", 0)) >= count:
             break
         check_senders()
-        time.sleep(0.1)
+        # Many names make each poll a large document for the destination to write.
+        time.sleep(0.1 if len(stats.get("names", ())) <= 1 else 0.5)
     after = parts_cpu(parts)
     cpu_s = {part: cpu_delta(before[part], after[part]) for part in parts}
-    return Watched(stats, cpu_s, delivered_before, sorted(dest.arrivals("drain").values()))
+    # Arrival times are fetched per name: for the single-destination scenarios only.
+    names = list(stats.get("names", ()))
+    arrivals = sorted(dest.arrivals(names[0]).values()) if len(names) == 1 else []
+    return Watched(stats, cpu_s, delivered_before, arrivals)
 
 
 def parts_cpu(parts: dict[str, list[int]]) -> dict[str, dict[int, float]]:
@@ -368,10 +474,26 @@ def summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """--dsn and --stock-pg15 (drain.py and peers.py)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--dsn", help="PostgreSQL server to use (databases are created on it)")
+    where.add_argument(
+        "--stock-pg15", action="store_true",
+        help="a throwaway cluster of the machine's PostgreSQL 15 with its packaged defaults"
+             " (JIT on), as a new user's server; default: an embedded PostgreSQL 18")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("scenario", nargs="?", default="all", choices=[*SCENARIOS, "all"])
-    parser.add_argument("--dsn", help="PostgreSQL server to use (a database is created on it)")
+    parser.add_argument("scenario", nargs="?", default="all",
+                        choices=[*SCENARIOS, *MIXES, "all", "mixes"],
+                        help="all: drain-fast and drain-slow; mixes: many-destinations and"
+                             " capped-slow")
+    add_server_arguments(parser)
+    parser.add_argument("--cap", type=int,
+                        help="max_in_flight of the destination of drain-fast and drain-slow"
+                             " (default: none)")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--count", type=int, help="deliveries (default: the scenario's)")
     parser.add_argument("--max-in-flight", type=int, default=512)
@@ -392,11 +514,11 @@ def main() -> int:
         "--reports", type=Path, default=ROOT / "bench" / "reports",
         help="folder for the JSON reports")
     args = parser.parse_args()
-    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    names = {"all": list(SCENARIOS), "mixes": list(MIXES)}.get(args.scenario, [args.scenario])
 
     args.reports.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    with benchdb.server(args.dsn) as admin_dsn:
+    with benchdb.server(args.dsn, stock_pg15_cluster=args.stock_pg15) as admin_dsn:
         for _ in range(args.repeat):
             for name in names:
                 report = run_scenario(name, admin_dsn, args)

@@ -1,8 +1,16 @@
 """The engine against pgqueuer, the fastest peer the issue measured, in pairs of runs.
 
-    python bench/peers.py [drain-fast|drain-slow|all] [--repeat N] [--dsn URL] [--procs 2]
+    python bench/peers.py [drain-fast|drain-slow|many-destinations|capped-slow|all]
+                          [--repeat N] [--dsn URL | --stock-pg15] [--cap N] [--procs 2]
                           [--peer-in-flight 100] [--peer-batch-size 10] [--warm N]
                           [--engine-warm N]
+
+--stock-pg15 runs everything on a throwaway cluster of the machine's PostgreSQL 15 with its
+packaged defaults (JIT on): a new user's server. --cap N gives the engine's destination
+max_in_flight N (pgqueuer has no such cap). `all` also runs the engine alone on
+bench/drain.py's two destination mixes and reports many-destinations against the engine's
+drain-fast median and capped-slow against its 5,000/s ceiling, and whether a cap was ever
+exceeded. Every report records the server's build, jit and shared_buffers.
 
 Each pair drains the same backlog twice on the same PostgreSQL server, one run right after
 the other: first the engine (bench/drain.py's scenario, unchanged: `engine --procs N` with
@@ -122,6 +130,7 @@ def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, o
         asyncio.run(enqueue(dsn, count))
         conn.execute("VACUUM ANALYZE")
         pg_pid = drain.postmaster_pid(conn)
+        server = benchdb.server_report(conn)
         command = [
             sys.executable, str(HERE / "peer_pgqueuer.py"), "--dsn", dsn,
             "--url", dest.url(path), "--in-flight", str(args.peer_in_flight),
@@ -147,6 +156,7 @@ def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, o
         "left_in_queue": left[0] if left else None,
         **drain.drain_report(watched),
         "peer_command": " ".join(command[1:]).replace(dsn, "DSN"),
+        "postgres": server,
     }
 
 
@@ -165,8 +175,12 @@ def pair_summary(name: str, engine: dict[str, Any], peer: dict[str, Any]) -> dic
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("scenario", nargs="?", default="all", choices=[*drain.SCENARIOS, "all"])
-    parser.add_argument("--dsn", help="PostgreSQL server to use (databases are created on it)")
+    parser.add_argument(
+        "scenario", nargs="?", default="all", choices=[*drain.SCENARIOS, *drain.MIXES, "all"],
+        help="all: the pairs, then the engine alone on bench/drain.py's destination mixes")
+    drain.add_server_arguments(parser)
+    parser.add_argument("--cap", type=int,
+                        help="max_in_flight of the engine's destination (default: none)")
     parser.add_argument("--procs", type=int, default=2, help="processes of each side")
     parser.add_argument("--count", type=int, help="deliveries (default: the scenario's)")
     parser.add_argument("--max-in-flight", type=int, default=512, help="the engine's")
@@ -179,12 +193,22 @@ def main() -> int:
         help="the engine's warm-up deliveries, as in bench/drain.py")
     args = parser.parse_args()
     names = list(drain.SCENARIOS) if args.scenario == "all" else [args.scenario]
+    if args.scenario in drain.MIXES:
+        names = []
+    mixes = list(drain.MIXES) if args.scenario == "all" else [
+        name for name in [args.scenario] if name in drain.MIXES]
 
     reports = HERE / "reports"
     reports.mkdir(parents=True, exist_ok=True)
     pairs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    with benchdb.server(args.dsn) as admin_dsn:
+    mixed: dict[str, list[dict[str, Any]]] = {name: [] for name in mixes}
+    with benchdb.server(args.dsn, stock_pg15_cluster=args.stock_pg15) as admin_dsn:
         for _ in range(args.repeat):
+            for name in mixes:
+                # The destination mixes have no pgqueuer side: it has no per-destination cap.
+                report = drain.run_scenario(name, admin_dsn, args)
+                mixed[name].append(report)
+                drain.save_report(reports, name, report)
             for name in names:
                 engine = drain.run_scenario(name, admin_dsn, args)
                 time.sleep(1)
@@ -205,6 +229,20 @@ def main() -> int:
         }
         for name, runs in pairs.items()
     }
+    single = medians.get("drain-fast", {}).get("median_engine_per_s")
+    for name, runs in mixed.items():
+        rate = statistics.median(int(r["deliveries_per_s"]) for r in runs)
+        # many-destinations against the single destination's rate (drain-fast, with --cap
+        # as given); capped-slow against its ceiling.
+        against = drain.CAPPED_SLOW_CEILING if name == "capped-slow" else single
+        medians[name] = {
+            "deliveries_per_s": [r["deliveries_per_s"] for r in runs],
+            "median_engine_per_s": rate,
+            "share_of": "ceiling 5,000/s" if name == "capped-slow" else "drain-fast median",
+            "share": round(rate / against, 3) if against else None,
+            "cap_ever_exceeded": any(r["cap_ever_exceeded"] for r in runs),
+            "duplicates": sum(int(r["duplicates"] or 0) for r in runs),
+        }
     print(json.dumps(medians, indent=2), flush=True)
     return 0
 

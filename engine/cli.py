@@ -10,9 +10,13 @@ from pathlib import Path
 
 import psycopg
 
-from engine import __version__
+from engine import __version__, demo
+from engine.commands import deliveries, destinations
+from engine.commands.errors import CommandError, check_bind, database_error
+from engine.commands.parsing import OneLineParser
 from engine.config import ConfigError, Settings, load_settings
 from engine.database import describe, open_database
+from engine.embedded import EmbeddedError
 from engine.migrate import SchemaTooNew, migrate, schema_version
 
 
@@ -29,7 +33,7 @@ def _add_common(parser: argparse.ArgumentParser, *, on_subcommand: bool = True) 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="engine", description="Webhook delivery engine on PostgreSQL."
     )
     parser.add_argument("--version", action="version", version=f"engine {__version__}")
@@ -61,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(status)
     status.add_argument("--json", action="store_true", help="one JSON document")
     status.add_argument("--top", type=int, default=10, help="destinations listed (default 10)")
+    destinations.register(sub, _add_common)
+    deliveries.register(sub, _add_common)
+    demo.register(sub)
     return parser
 
 
@@ -105,6 +112,8 @@ def cmd_migrate(settings: Settings) -> int:
 def cmd_run(settings: Settings) -> int:
     from engine.supervisor import run_supervisor
 
+    # Before the database starts: a port in use is the commonest first mistake.
+    check_bind(settings.bind)
     return run_supervisor(settings)
 
 
@@ -135,6 +144,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
 # Subcommands that read their own flags.
 ARG_COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "status": cmd_status,
+    "demo": demo.run_demo,
 }
 
 COMMANDS: dict[str, Callable[[Settings], int]] = {
@@ -147,13 +157,22 @@ COMMANDS: dict[str, Callable[[Settings], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    settings: Settings | None = None
     try:
         settings = settings_from_args(args)
+        if getattr(args, "operator_command", None) is not None:
+            from engine.commands.local_api import api_session
+
+            with api_session(settings) as api:
+                return args.operator_command(api, args)
         if args.command in ARG_COMMANDS:
             return ARG_COMMANDS[args.command](settings, args)
         return COMMANDS[args.command or "run"](settings)
-    except (ConfigError, SchemaTooNew, ValueError) as exc:
+    except (CommandError, ConfigError, EmbeddedError, SchemaTooNew, ValueError) as exc:
         print(f"engine: {exc}", file=sys.stderr)
+        return 2
+    except psycopg.OperationalError as exc:
+        print(f"engine: {database_error(settings and settings.dsn, exc)}", file=sys.stderr)
         return 2
 
 

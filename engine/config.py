@@ -128,7 +128,31 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         if key not in known:
             raise ConfigError(f"unknown setting {key!r}")
         values[key] = value
+    defaults = Settings()
+    for key, value in values.items():
+        _check_type(key, value, getattr(defaults, key), config_file)
     try:
-        return replace(Settings(), **values).validate()
+        return replace(defaults, **values).validate()
     except TypeError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+               tuple: "a list", Path: "a path"}
+
+
+def _check_type(key: str, value: Any, default: Any, config_file: Path | None) -> None:
+    """A value of the wrong type (`procs = "many"`) is named here, not left to fail later
+    as a comparison between a str and an int."""
+    if default is None:
+        return  # optional settings check their own values
+    expected = type(default)
+    fits = isinstance(value, expected) and (expected is bool or not isinstance(value, bool))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        fits = True
+    if not fits:
+        where = f" in {config_file}" if config_file is not None else ""
+        raise ConfigError(
+            f"setting {key!r}{where} must be {_TYPE_NAMES.get(expected, expected.__name__)},"
+            f" got {value!r}"
+        )

@@ -6,11 +6,12 @@ embedded PostgreSQL with its data under `./.engine/`.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from engine.config import Settings
 from engine.embedded import EmbeddedServer, ensure_server
@@ -27,9 +28,32 @@ class Database:
             self.embedded.stop()
 
 
+# Settings every session the engine opens starts with (docs/decisions/
+# 0012-no-jit-on-engine-sessions.md says why). JIT: the hot statements are short, and
+# where the server has JIT (Debian's, PGDG's and most managed builds) their cost estimates
+# cross jit_above_cost as the queue grows, so every execution compiles them again: 4 to 5
+# times the database CPU per delivery on a stock PostgreSQL 15.
+SESSION_SETTINGS = {"jit": "off"}
+
+
+def engine_conninfo(dsn: str) -> str:
+    """`dsn` with SESSION_SETTINGS as startup options: the server applies them before the
+    first statement, with no round trip, on every connection made from the result (the
+    supervisor hands this one string to every process and pool). Options the DSN or
+    PGOPTIONS already carry are kept and come after ours, so an operator's explicit
+    choice wins."""
+    params = conninfo_to_dict(dsn)
+    ours = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items())
+    # libpq reads PGOPTIONS only when the conninfo has no `options`, so merge it here.
+    theirs = params.get("options") or os.environ.get("PGOPTIONS", "")
+    params["options"] = f"{ours} {theirs}".strip()
+    return make_conninfo(**params)
+
+
 def open_database(settings: Settings, *, announce: bool = True) -> Database:
+    """The database the engine uses; its `dsn` carries the engine's session settings."""
     if settings.dsn:
-        return Database(settings.dsn)
+        return Database(engine_conninfo(settings.dsn))
     server = ensure_server(settings.data_dir / "pgdata")
     if announce:
         how = "started" if server.started_here else "reusing"
@@ -38,7 +62,7 @@ def open_database(settings: Settings, *, announce: bool = True) -> Database:
             f"with data in {server.data_dir} ({server.dsn})",
             file=sys.stderr,
         )
-    return Database(server.dsn, server)
+    return Database(engine_conninfo(server.dsn), server)
 
 
 def connect(dsn: str, **kwargs: object) -> psycopg.Connection:

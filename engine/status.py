@@ -45,6 +45,7 @@ def collect_status(conn: psycopg.Connection, top: int = TOP_DESTINATIONS) -> dic
         destinations = _rows(conn, queries.STATUS_DESTINATIONS, (top,))
         tables = _rows(conn, queries.STATUS_TABLES)
         indexes = _rows(conn, queries.STATUS_INDEXES)
+        server_settings = _rows(conn, queries.STATUS_SETTINGS)[0]
         statements = None
         if _has_pg_stat_statements(conn):
             try:
@@ -61,13 +62,42 @@ def collect_status(conn: psycopg.Connection, top: int = TOP_DESTINATIONS) -> dic
         "tables": tables,
         "indexes": indexes,
         "pg_stat_statements": statements,
+        "settings": server_settings,
     }
     status["warnings"] = warnings(status)
     return status
 
 
-def warnings(status: dict[str, Any]) -> list[str]:
+def setting_warnings(settings: dict[str, Any]) -> list[str]:
+    """Server settings that cost a queue its speed or its durability."""
     found = []
+    if settings["jit_compiles"]:
+        found.append(
+            "JIT is on in the engine's sessions although the engine asks for jit=off when it"
+            " connects (a pooler that drops startup options?): every claim and result write"
+            " may be compiled again, several times the database CPU per delivery; run"
+            " ALTER ROLE <engine role> SET jit = off"
+        )
+    if settings["synchronous_commit"] == "off":
+        found.append(
+            "synchronous_commit is off: events ingress acknowledged (202) and results it"
+            " recorded can be lost in a server crash"
+        )
+    if not settings["fsync"] or not settings["full_page_writes"]:
+        found.append(
+            "fsync or full_page_writes is off: a server crash can corrupt the database,"
+            " queue included"
+        )
+    if not settings["autovacuum"] or not settings["track_counts"]:
+        found.append(
+            "autovacuum (or track_counts, which it needs) is off: the deliveries table and"
+            " its claim index bloat with every claim and result until claims slow down"
+        )
+    return found
+
+
+def warnings(status: dict[str, Any]) -> list[str]:
+    found = setting_warnings(status["settings"])
     queue = status["queue"]
     if queue["expired_in_flight"] >= EXPIRED_IN_FLIGHT_WARN:
         found.append(
@@ -196,6 +226,13 @@ def to_text(status: dict[str, Any]) -> str:
         s = status["pg_stat_statements"]
         share = s["claim_ms"] / s["total_ms"] if s["total_ms"] else 0.0
         lines.append(f"claim query: {share:.0%} of statement time ({s['claim_calls']} calls)")
+    settings = status["settings"]
+    lines.append(
+        f"server: PostgreSQL {settings['server_version']}, jit {'on' if settings['jit'] else 'off'}"
+        f"{' (compiles)' if settings['jit_compiles'] else ''},"
+        f" synchronous_commit {settings['synchronous_commit']},"
+        f" shared_buffers {settings['shared_buffers']}"
+    )
     lines.append("")
     for warning in status["warnings"]:
         lines.append(f"WARNING: {warning}")

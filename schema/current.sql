@@ -29,6 +29,7 @@ CREATE TABLE destinations (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     breaker_opened_at timestamp with time zone,
+    in_flight integer DEFAULT 0 NOT NULL,
     CONSTRAINT destinations_max_in_flight_check CHECK ((max_in_flight > 0)),
     CONSTRAINT destinations_timeout_ms_check CHECK ((timeout_ms > 0)),
     CONSTRAINT destinations_pkey PRIMARY KEY (id)
@@ -62,6 +63,7 @@ CREATE TABLE deliveries (
     locked_until timestamp with time zone,
     last_error text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    holds_slot boolean DEFAULT false NOT NULL,
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::delivery_status, 'in_flight'::delivery_status]))),
     CONSTRAINT deliveries_pkey PRIMARY KEY (id)
 );

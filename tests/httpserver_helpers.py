@@ -39,6 +39,7 @@ class ScriptedServer(ThreadingHTTPServer):
         self.requests: list[tuple[str, dict[str, str], bytes]] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.gate = threading.Event()  # /gate requests are answered once it is set
 
     def process_request(self, request: socket.socket, client_address: tuple) -> None:
         with self.lock:
@@ -77,6 +78,9 @@ class ScriptedHandler(BaseHTTPRequestHandler):
             self.reply(503, b"", [("retry-after", when)])
         elif path == "/hang":
             self.server.stopping.wait(30)
+        elif path == "/gate":
+            if self.server.gate.wait(30):
+                self.reply(200, b"{}")
         elif path == "/slow":
             time.sleep(0.2)
             self.reply(200, b"{}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from functools import partial
 
 import psycopg
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from engine import queue
 from engine.queue import BreakerSettings, Claim, EventIn, Result
 from tests.test_queue import LEASE_MS, add_destination, now
+from tests.threads import run_threads
 
 pytestmark = pytest.mark.pg_versions
 BREAKER = BreakerSettings(threshold=3, base_pause_ms=1_000, max_pause_ms=3_000)
@@ -103,7 +105,9 @@ def test_exactly_one_probe_under_concurrent_claimers(dsn: str, conn: psycopg.Con
     workers = 6
     for round_ in range(5):
         end_pause(conn, dest)
-        barrier = threading.Barrier(workers)
+        # A timeout: a claimer that failed before the barrier must not leave the rest
+        # waiting for it forever (run_threads re-raises its exception).
+        barrier = threading.Barrier(workers, timeout=30)
         got: list[list[Claim]] = [[] for _ in range(workers)]
 
         def claimer(slot: int, barrier: threading.Barrier, got: list[list[Claim]]) -> None:
@@ -111,11 +115,7 @@ def test_exactly_one_probe_under_concurrent_claimers(dsn: str, conn: psycopg.Con
                 barrier.wait()
                 got[slot] = queue.claim_batch(own, f"w{slot}", 10, LEASE_MS)
 
-        threads = [threading.Thread(target=claimer, args=(i, barrier, got)) for i in range(workers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        run_threads([partial(claimer, i, barrier, got) for i in range(workers)], 60)
         probes = [c for claims in got for c in claims]
         assert len(probes) == 1, f"round {round_}: {len(probes)} probes"
         assert breaker(conn, dest)[0] == "half_open"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from engine.cli import build_parser, settings_from_args
 from engine.config import load_settings
@@ -76,7 +77,9 @@ def test_dsn_flag_on_either_side_of_the_subcommand(
 def test_a_given_dsn_starts_no_server(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("DATABASE_URL", URL)
     database = open_database(load_settings(None, data_dir=str(tmp_path)))
-    assert database.dsn == URL and database.embedded is None
+    # The URL's server and credentials, plus the engine's session settings.
+    assert conninfo_to_dict(database.dsn) == {**conninfo_to_dict(URL), "options": "-c jit=off"}
+    assert database.embedded is None
     assert list(tmp_path.iterdir()) == []
 
 

@@ -8,6 +8,7 @@ import pycurl
 import pytest
 import uvloop
 
+from engine import targets
 from engine.http_client import (
     CurlPool,
     HttpResult,
@@ -171,19 +172,22 @@ def test_classify_error() -> None:
 
 
 def test_concurrent_slow_requests(server: ScriptedServer, run) -> None:
-    async def burst(pool: CurlPool) -> tuple[list[HttpResult], float, int]:
-        started = time.monotonic()
-        tasks = [asyncio.ensure_future(post(pool, f"{server.base_url}/slow")) for _ in range(300)]
-        await asyncio.sleep(0.05)
-        peak = pool.in_flight
-        results = await asyncio.gather(*tasks)
-        return results, time.monotonic() - started, peak
+    """300 requests are open at the server at once: it holds every /gate request until
+    all 300 have arrived (serially, the first would never be answered)."""
+    requests = 300
 
-    results, elapsed, peak = run(burst)
+    async def burst(pool: CurlPool) -> tuple[list[HttpResult], int]:
+        tasks = [asyncio.ensure_future(post(pool, f"{server.base_url}/gate", timeout_ms=30_000))
+                 for _ in range(requests)]
+        while len(server.requests) < requests and not any(t.done() for t in tasks):
+            await asyncio.sleep(0.01)
+        peak = pool.in_flight
+        server.gate.set()
+        return await asyncio.gather(*tasks), peak
+
+    results, peak = run(burst)
     assert all(r.status_code == 200 for r in results), {r.error for r in results}
-    assert peak > 100
-    # serially this would take 300 x 0.2 s = 60 s
-    assert elapsed < 5.0
+    assert len(server.requests) == peak == requests
 
 
 def test_connections_reused(server: ScriptedServer, run) -> None:
@@ -306,15 +310,27 @@ def test_start_checked_refuses_a_private_target_by_lookup_then_from_the_cache(
         pytest.skip(f"{host!r} does not resolve to loopback only: {addresses}")
     url = f"http://{host}:{server.server_address[1]}/ok"
 
-    async def twice(pool: CurlPool) -> list[HttpResult | None]:
-        results: list[HttpResult | None] = []
-        for literal in (False, False, True):
-            done: asyncio.Future[HttpResult | None] = asyncio.get_running_loop().create_future()
-            target = f"http://127.0.0.1:{server.server_address[1]}/ok" if literal else url
-            pool.start_checked(target, HEADERS, b"{}", 5000, False, done.set_result)
-            results.append(await done)
-        return results
+    key = (host, server.server_address[1])
+    literal = f"http://127.0.0.1:{server.server_address[1]}/ok"
+
+    async def send(pool: CurlPool, target: str) -> tuple[HttpResult | None, bool]:
+        """The result, and whether the request had to wait for a lookup (a pool task)."""
+        done: asyncio.Future[HttpResult | None] = asyncio.get_running_loop().create_future()
+        pool.start_checked(target, HEADERS, b"{}", 5000, False, done.set_result)
+        waits = bool(pool._checking)
+        return await done, waits
+
+    async def twice(pool: CurlPool) -> list[tuple[HttpResult | None, bool]]:
+        first = await send(pool, url)
+        lookup = targets._lookups[key][1]  # the cache entry the first request filled
+        assert lookup.done()
+        second = await send(pool, url)
+        assert targets._lookups[key][1] is lookup  # answered from it: no second lookup
+        return [first, second, await send(pool, literal)]
 
     results = run(twice)
-    assert [r.error if r else None for r in results] == ["refused_target"] * 3
+    assert [r.error if r else None for r, _ in results] == ["refused_target"] * 3
+    # The first waited for its lookup, the second was refused at once from the cache,
+    # the IP literal needed none.
+    assert [waited for _, waited in results] == [True, False, False]
     assert server.requests == []

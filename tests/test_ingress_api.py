@@ -216,7 +216,11 @@ def test_delete_destination_is_soft_and_stops_fan_out(
     assert [d["id"] for d in api.request("GET", "/v1/destinations").json()["data"]] == [
         kept["id"]
     ]
-    assert count(db, "deliveries") == 2  # kept, not claimed (the claim checks deleted_at)
+    # Its delivery is kept, but the claim (which checks deleted_at) does not hand it out.
+    assert count(db, "deliveries") == 2
+    claimed = queue.claim_batch(db, "w", 10, 60_000)
+    assert [c.destination_id for c in claimed] == [kept["id"]]
+    assert count(db, "deliveries") == 2
     second = api.request("POST", "/v1/events", {"type": "t", "payload": {}})
     assert second.json()["deliveries"] == 1
     refused = api.request("POST", "/v1/events",

@@ -33,8 +33,9 @@ MIN_REQUESTS = 5000
 BODY_EXAMPLES = 800
 HEADER_EXAMPLES = 2000
 PATH_EXAMPLES = 2000
+# Only too_slow: the other health checks point at real defects of a strategy.
 FUZZ_SETTINGS: dict[str, Any] = {"deadline": None,
-                                 "suppress_health_check": list(HealthCheck)}
+                                 "suppress_health_check": [HealthCheck.too_slow]}
 TABLES = ("destinations", "events", "deliveries", "delivery_attempts", "finished_deliveries")
 
 

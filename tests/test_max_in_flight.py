@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from functools import partial
 
 import psycopg
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from engine import queue
 from engine.queue import EventIn, Result
 from tests.test_queue import LEASE_MS, add_destination, now
+from tests.threads import run_threads
 
 pytestmark = pytest.mark.pg_versions
 
@@ -80,11 +82,9 @@ def test_cap_holds_under_concurrent_claimers(dsn: str, conn: psycopg.Connection)
                     for c, o in zip(claims, outcomes, strict=True)
                 ], queue.BreakerSettings(threshold=10_000))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    stop.set()
+    try:
+        run_threads([partial(worker, i) for i in range(6)], 120, stop)
+    finally:
+        stop.set()  # the others, should one have failed or hung
     assert over == []
     assert conn.execute("SELECT count(*) FROM finished_deliveries").fetchone() == (300,)

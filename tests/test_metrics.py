@@ -67,6 +67,9 @@ def test_database_gauges_equal_sql(dsn: str, conn: psycopg.Connection) -> None:
     queue.claim_batch(conn, "w", 2, LEASE_MS)
     conn.execute("UPDATE deliveries SET next_attempt_at = now() - interval '90 seconds'"
                  " WHERE status = 'pending'")
+    # This session's table statistics (n_dead_tup) reach the shared view when it flushes
+    # them, at most once a second otherwise: flush now, before both reads.
+    conn.execute("SELECT pg_stat_force_next_flush()")
     found = samples(metrics.render(dsn))
     depth = dict(conn.execute(
         "SELECT status::text, count(*) FROM deliveries GROUP BY status").fetchall())

@@ -19,6 +19,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from engine.config import Settings, load_settings
+from engine.database import engine_conninfo
 from engine.ingress.app import IngressApp
 
 
@@ -131,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dsn=args.dsn, allow_private_targets=args.allow_private_targets,
         max_body_bytes=args.max_body_bytes,
     )
-    run_ingress(settings, args.dsn, listen(args.bind), announce=True)
+    run_ingress(settings, engine_conninfo(args.dsn), listen(args.bind), announce=True)
     return 0
 
 

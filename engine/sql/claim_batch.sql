@@ -32,10 +32,12 @@
 --
 -- Destinations with max_in_flight take their deliveries only through `capped`, one
 -- LATERAL per destination this transaction holds the advisory lock of ($5): LIMIT is the
--- room left under the cap, counted with deliveries_destination_idx. The lock is what
--- makes the count exact across processes and hosts (see lock_capped_destinations.sql).
--- Uncapped destinations keep the plain scans; `dest.max_in_flight IS NULL` is a filter on
--- a row the join reads anyway.
+-- room left under the cap, max_in_flight minus the destination's slot counter, which
+-- `slots_taken` raises by what was claimed; the claimed rows are marked holds_slot so
+-- that their results give the slots back. The lock is what makes the counter exact
+-- across processes and hosts (see lock_capped_destinations.sql). Uncapped destinations
+-- keep the plain scans; `dest.max_in_flight IS NULL` is a filter on a row the join reads
+-- anyway. A probe takes no slot (its destination is not locked; it is one delivery).
 WITH probed_destinations AS (
     UPDATE destinations dest
        SET breaker = 'half_open',
@@ -83,9 +85,7 @@ WITH probed_destinations AS (
                        AND e.ordering_key = d.ordering_key
                        AND e.id < d.id))
             ORDER BY d.next_attempt_at
-            LIMIT greatest(0, least((SELECT n FROM room), dest.max_in_flight - (
-                      SELECT count(*) FROM deliveries f
-                       WHERE f.destination_id = dest.id AND f.status = 'in_flight')))
+            LIMIT greatest(0, least((SELECT n FROM room), dest.max_in_flight - dest.in_flight))
               FOR UPDATE OF d SKIP LOCKED) c
      WHERE dest.id = ANY ($5::bigint[])
        AND dest.id <> ALL ($6::bigint[])
@@ -147,9 +147,16 @@ WITH probed_destinations AS (
        SET status = 'in_flight',
            attempt = d.attempt + 1,
            locked_by = $1,
-           locked_until = now() + make_interval(secs => $4 / 1000.0)
+           locked_until = now() + make_interval(secs => $4 / 1000.0),
+           holds_slot = d.destination_id = ANY ($5::bigint[])
      WHERE d.id = ANY (ARRAY(SELECT id FROM chosen))
- RETURNING d.id, d.event_id, d.destination_id, d.attempt
+ RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.holds_slot
+), slots_taken AS (
+    UPDATE destinations dest
+       SET in_flight = dest.in_flight + t.n
+      FROM (SELECT destination_id, count(*) AS n FROM claimed
+             WHERE holds_slot GROUP BY destination_id) t
+     WHERE dest.id = t.destination_id
 )
 SELECT c.id, c.event_id, c.destination_id, c.attempt,
        dest.url, dest.timeout_ms,

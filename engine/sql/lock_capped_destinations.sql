@@ -1,33 +1,41 @@
--- lock_capped_destinations: the first statement of a claim transaction. Returns the ids of
--- destinations with a max_in_flight cap, due work and room below the cap, that this
--- transaction now holds a transaction-level advisory lock on.
---   $1 advisory lock class int (the key space of "claiming for a capped destination")
+-- lock_capped_destinations: the first statement of a claim transaction. Takes the
+-- transaction-level advisory lock of each destination with a max_in_flight cap, due work
+-- and (by the counter) room below the cap, and returns their ids.
+--   $1 advisory lock class int (the key space of "changing this destination's slot count
+--      or breaker", shared with record_results.sql and return_claims.sql)
 --
--- Why a lock at all: the claim counts a capped destination's in-flight deliveries from its
--- snapshot, so two claimers at once would each miss the other's uncommitted claims and
--- together exceed the cap. Holding this lock, a claimer is the only one claiming for that
--- destination, and since it is taken in an earlier statement than the claim, the claim's
--- snapshot already sees every claim committed by the previous holder (a transaction
--- becomes visible before it releases its locks).
--- Why try-lock: a destination another claimer is busy with is skipped this round, like a
--- SKIP LOCKED row, so capped destinations never serialise claims of anything else.
+-- How the cap stays exact across processes and hosts: destinations.in_flight counts the
+-- slots taken (schema/006_capped_slot_counter.sql). Everything that changes it holds this
+-- destination's advisory lock: the claim (from this statement until it commits), the
+-- result write and the reaper. claim_batch.sql, the next statement, takes its snapshot
+-- after this one, so it reads the counter as the previous holder committed it (a
+-- transaction becomes visible before it releases its locks), and nobody changes it until
+-- we commit. The counter makes a claim's cost independent of how many deliveries are in
+-- flight: no count of the destination's in-flight rows (up to max_in_flight of them) on
+-- every claim, as before.
+-- Why a waiting lock, not a try-lock: with a try-lock a claimer that found the destination
+-- busy claimed nothing from it that round, and with one busy capped destination a worker
+-- came back empty-handed and waited for the next poll: a cap cost throughput long before
+-- it was reached. The lock is held for one claim or one result write, a millisecond or so.
+-- No deadlock: locks are taken in id order, here at the start of the transaction holding
+-- nothing else; result writes and the reaper take theirs in id order too, after the
+-- delivery rows they change, and the claim never waits for a delivery row (SKIP LOCKED).
 -- Uncapped destinations cost nothing here: destinations_capped_idx holds only capped rows.
--- MATERIALIZED keeps the lock function from being evaluated before the cheaper filters
--- (the planner orders plain quals by cost, and would try-lock destinations without work).
+-- MATERIALIZED keeps the lock function from being evaluated before the cheaper filters (the
+-- planner orders plain quals by cost, and would lock destinations without work); the ORDER
+-- BY id subquery is the order the locks are taken in.
 WITH candidates AS MATERIALIZED (
     SELECT dest.id
       FROM destinations dest
      WHERE dest.max_in_flight IS NOT NULL
+       AND dest.in_flight < dest.max_in_flight
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
        AND EXISTS (SELECT 1 FROM deliveries d
                     WHERE d.destination_id = dest.id AND d.status = 'pending'
                       AND d.next_attempt_at <= now())
-       AND (SELECT count(*) FROM deliveries d
-             WHERE d.destination_id = dest.id AND d.status = 'in_flight') < dest.max_in_flight
      ORDER BY random()
      LIMIT 32
 )
-SELECT id
-  FROM candidates
- WHERE pg_try_advisory_xact_lock($1, (id % 2147483648)::int)
+SELECT id, pg_advisory_xact_lock($1, (id % 2147483648)::int)
+  FROM (SELECT id FROM candidates ORDER BY id OFFSET 0) in_lock_order

@@ -7,6 +7,7 @@
 --      next_attempt_at (retry and gone)
 --   $3 breaker threshold int, $4 breaker base pause ms int, $5 breaker max pause ms int
 --   $6 advisory lock class int (the key space of "updating this destination's breaker")
+--   $7 notification channel text: the one idle workers LISTEN on (engine.queries)
 --
 -- One JSON document, not one array per column: psycopg builds each array element by
 -- element in Python (6 us per result, a tenth of a worker's CPU per delivery), while the
@@ -57,7 +58,7 @@ WITH result AS (
      WHERE d.id = r.id AND d.attempt = r.attempt
        AND d.locked_by = $1
        AND r.outcome IN ('retry', 'gone', 'released')
- RETURNING d.id, d.destination_id, r.outcome
+ RETURNING d.id, d.destination_id, r.outcome, d.holds_slot
 ), applied AS (
     SELECT id, destination_id, outcome FROM finished
     UNION ALL
@@ -85,9 +86,17 @@ WITH result AS (
            bool_or(outcome = 'gone') AS any_gone
       FROM outcomes
      GROUP BY destination_id
+), slots_freed AS (
+    -- Every applied result gives back the slot its claim took under the destination's
+    -- max_in_flight (claim_batch.sql), 'released' included.
+    SELECT destination_id, count(*) AS n
+      FROM (SELECT destination_id FROM finished WHERE holds_slot
+            UNION ALL
+            SELECT destination_id FROM requeued WHERE holds_slot) f
+     GROUP BY destination_id
 ), serialized AS MATERIALIZED (
-    -- The destinations whose breaker this batch updates, each under a transaction-level
-    -- advisory lock taken in id order, so that two workers recording results for one
+    -- The destinations whose breaker or slot counter this batch updates, each under a
+    -- transaction-level advisory lock taken in id order, so that two workers recording results for one
     -- destination take turns, and never in an order that can deadlock. Not row locks
     -- (FOR NO KEY UPDATE here, then the UPDATE below): under READ COMMITTED the row lock
     -- follows the row's update chain, but the UPDATE reaches the row again through the
@@ -95,21 +104,31 @@ WITH result AS (
     -- another worker that waits for us; that deadlocked. With the advisory lock held, no
     -- other worker holds the row, and the UPDATE reads its current version (the SET
     -- expressions below use dest.*, re-evaluated on it), however long the lock took.
-    -- Healthy destinations with nothing but successes in the batch need no update and
-    -- are not locked.
-    SELECT p.*, pg_advisory_xact_lock($6, (p.destination_id % 2147483648)::int)
-      FROM per_destination p
-      JOIN destinations dest ON dest.id = p.destination_id
-     WHERE p.any_gone
-        OR p.trailing_failures > 0
-        OR dest.consecutive_failures > 0
-        OR dest.breaker <> 'closed'
-     ORDER BY p.destination_id
+    -- Healthy uncapped destinations with nothing but successes in the batch need no update
+    -- and are not locked. The same lock guards the slot counter (lock_capped_destinations.sql
+    -- says how the claim uses it); it is taken after every delivery row this statement
+    -- changes, as the reaper does.
+    SELECT c.*, pg_advisory_xact_lock($6, (c.destination_id % 2147483648)::int)
+      FROM (SELECT destination_id,
+                   coalesce(p.any_ok, false) AS any_ok,
+                   coalesce(p.trailing_failures, 0) AS trailing_failures,
+                   coalesce(p.any_gone, false) AS any_gone,
+                   p.destination_id IS NOT NULL AND (
+                       p.any_gone OR p.trailing_failures > 0
+                       OR dest.consecutive_failures > 0 OR dest.breaker <> 'closed')
+                       AS breaker_changes,
+                   coalesce(f.n, 0) AS slots_freed
+              FROM per_destination p
+              FULL JOIN slots_freed f USING (destination_id)
+              JOIN destinations dest ON dest.id = destination_id) c
+     WHERE c.breaker_changes OR c.slots_freed > 0
+     ORDER BY c.destination_id
 ), breaker AS (
     -- The outcomes in order: a success closes the breaker and clears the count, so only
     -- the failures after the last success apply, to a closed breaker if there was one.
     -- Then a half-open breaker re-opens with a doubled pause, a closed one opens at the
-    -- threshold, an open one stays as it is.
+    -- threshold, an open one stays as it is. A destination here only to give slots back
+    -- keeps its breaker as it is (the UNION ALL branch).
     UPDATE destinations dest
        SET (consecutive_failures, breaker, breaker_pause_ms, paused_until,
             breaker_opened_at) = (
@@ -134,16 +153,31 @@ WITH result AS (
                           least(greatest(dest.breaker_pause_ms * 2, $4), $5) AS doubled_ms
                      FROM (SELECT CASE WHEN s.any_ok THEN 0
                                        ELSE dest.consecutive_failures END
-                                  + s.trailing_failures AS failures) f) t),
+                                  + s.trailing_failures AS failures) f) t
+            WHERE s.breaker_changes
+           UNION ALL
+           SELECT dest.consecutive_failures, dest.breaker, dest.breaker_pause_ms,
+                  dest.paused_until, dest.breaker_opened_at
+            WHERE NOT s.breaker_changes),
            disabled = dest.disabled OR s.any_gone,
            disabled_reason = CASE WHEN s.any_gone AND NOT dest.disabled
                                   THEN 'endpoint answered 410 Gone'
                                   ELSE dest.disabled_reason END,
-           updated_at = now()
+           updated_at = CASE WHEN s.breaker_changes THEN now() ELSE dest.updated_at END,
+           in_flight = dest.in_flight - s.slots_freed
       FROM serialized s
      WHERE dest.id = s.destination_id
- RETURNING dest.id, dest.breaker
+ RETURNING dest.id, dest.breaker, s.breaker_changes,
+           dest.in_flight + s.slots_freed >= dest.max_in_flight AS was_full
 )
 SELECT (SELECT count(*) FROM applied) + (SELECT count(*) FROM requeued
                                          WHERE outcome = 'released') AS applied,
-       (SELECT count(*) FROM breaker WHERE breaker = 'open') AS breakers_opened
+       (SELECT count(*) FROM breaker WHERE breaker = 'open' AND breaker_changes)
+           AS breakers_opened,
+       -- A destination whose cap was full has had claims turned away: the workers that
+       -- came back short wait for a notification (or their poll), so tell them its slots
+       -- are free again, as ingress does for new deliveries. Without it a binding cap
+       -- was refilled once per poll interval. (Notifications of one transaction with the
+       -- same payload are delivered once.)
+       (SELECT count(*) FROM (SELECT pg_notify($7, '') FROM breaker WHERE was_full) n)
+           AS claimers_woken

@@ -1,0 +1,187 @@
+"""max_in_flight with several concurrent claimers: the cap is never exceeded, and each
+capped destination's slot counter equals the number of its in-flight deliveries holding a
+slot after every step, whatever mix of claims, results, releases and reaps runs at once.
+
+Each claimer is a thread with its own connection, like a worker process; after each of its
+steps it checks the invariants in one statement (one snapshot: a claim or result changes
+the counter and the rows in one transaction), and so does a watcher thread in a loop.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import queue
+from engine.queue import BreakerSettings, EventIn, Result
+from tests.dbserver import truncate_all
+from tests.test_queue import LEASE_MS, add_destination, now
+
+pytestmark = pytest.mark.pg_versions
+
+EXAMPLES = 40
+MAX_ATTEMPTS = 4
+OUTCOMES = ("delivered", "retry", "dead", "released", "reaped")
+DEADLINE_S = 60.0
+NO_BREAKER = BreakerSettings(threshold=1_000_000_000)
+
+# Per capped destination, in one snapshot: its counter, the in-flight deliveries holding a
+# slot, all its in-flight deliveries, and its cap.
+CHECK = """
+SELECT dest.id, dest.in_flight, dest.max_in_flight,
+       count(d.id) FILTER (WHERE d.holds_slot) AS holding,
+       count(d.id) AS in_flight_rows
+  FROM destinations dest
+  LEFT JOIN deliveries d ON d.destination_id = dest.id AND d.status = 'in_flight'
+ WHERE dest.max_in_flight IS NOT NULL
+ GROUP BY dest.id
+"""
+
+
+def violations(conn: psycopg.Connection) -> list[str]:
+    found = []
+    for dest, counter, cap, holding, rows in conn.execute(CHECK).fetchall():
+        if counter != holding:
+            found.append(f"destination {dest}: counter {counter}, {holding} holding a slot")
+        if rows > cap:
+            found.append(f"destination {dest}: {rows} in flight over its cap {cap}")
+    return found
+
+
+@dataclass(frozen=True)
+class Plan:
+    caps: tuple[int | None, ...]  # one destination each; None: uncapped
+    events: int
+    seeds: tuple[int, ...]  # one claimer each
+    max_limit: int
+    weights: tuple[int, ...]  # of OUTCOMES
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> Plan:
+    caps = tuple(draw(st.lists(st.one_of(st.none(), st.integers(1, 6)), min_size=1,
+                               max_size=4)))
+    claimers = draw(st.integers(2, 6))
+    return Plan(
+        caps=caps if any(c is not None for c in caps) else (*caps, 3),
+        events=draw(st.integers(1, 60)),
+        seeds=tuple(draw(st.lists(st.integers(0, 2**32), min_size=claimers,
+                                  max_size=claimers))),
+        max_limit=draw(st.integers(1, 20)),
+        weights=(draw(st.integers(1, 10)), draw(st.integers(0, 5)), draw(st.integers(0, 2)),
+                 draw(st.integers(0, 3)), draw(st.integers(0, 2))),
+    )
+
+
+def claimer(dsn: str, name: str, plan: Plan, seed: int, found: list[str],
+            done: threading.Event) -> None:
+    """Claim, then answer each claim by the plan's outcome mix, until nothing is left."""
+    rng = random.Random(seed)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        started = time.monotonic()
+        while time.monotonic() - started < DEADLINE_S:
+            claims = queue.claim_batch(conn, name, rng.randint(1, plan.max_limit), LEASE_MS)
+            found += violations(conn)
+            if not claims:
+                if done.is_set() or not conn.execute("SELECT 1 FROM deliveries LIMIT 1"
+                                                     ).fetchone():
+                    done.set()
+                    return
+                continue
+            t = now(conn)
+            results, reaped = [], []
+            for claim in claims:
+                outcome = rng.choices(OUTCOMES, plan.weights)[0]
+                if outcome == "retry" and claim.attempt >= MAX_ATTEMPTS:
+                    outcome = "dead"
+                if outcome == "reaped":
+                    reaped.append(claim.id)
+                    continue
+                results.append(Result(claim.id, claim.attempt, outcome, t, 1, 500, "x", None,
+                                      t if outcome == "retry" else None))
+            queue.record_results(conn, name, results, NO_BREAKER)
+            found += violations(conn)
+            if reaped:
+                # A lost host: its leases run out and the reaper returns them.
+                conn.execute("UPDATE deliveries SET locked_until = now() - interval '1 s'"
+                             " WHERE id = ANY(%s)", (reaped,))
+                queue.reap_expired(conn, MAX_ATTEMPTS)
+                found += violations(conn)
+        found.append(f"{name}: not drained after {DEADLINE_S} s")
+
+
+def watch(dsn: str, found: list[str], done: threading.Event) -> int:
+    checks = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while not done.is_set():
+            found += violations(conn)
+            checks += 1
+    return checks
+
+
+def run_plan(dsn: str, conn: psycopg.Connection, plan: Plan) -> list[str]:
+    truncate_all(conn)
+    destinations = [add_destination(conn, max_in_flight=cap) for cap in plan.caps]
+    with conn.transaction():
+        queue.enqueue_events(conn, [EventIn("t", "{}", destinations)
+                                    for _ in range(plan.events)])
+    found: list[str] = []
+    done = threading.Event()
+    threads = [threading.Thread(target=claimer, args=(dsn, f"w{n}", plan, seed, found, done))
+               for n, seed in enumerate(plan.seeds)]
+    watcher = threading.Thread(target=watch, args=(dsn, found, done))
+    for thread in [*threads, watcher]:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    watcher.join()
+    found += violations(conn)
+    left = conn.execute("SELECT count(*) FROM deliveries").fetchone()
+    if left and left[0]:
+        found.append(f"{left[0]} deliveries left undrained")
+    counters = conn.execute("SELECT sum(in_flight) FROM destinations").fetchone()
+    if counters and counters[0]:
+        found.append(f"slot counters at {counters[0]} with nothing in flight")
+    return found
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(plan=plans())
+def test_cap_is_never_exceeded_and_the_counter_is_exact(
+    dsn: str, conn: psycopg.Connection, plan: Plan
+) -> None:
+    assert run_plan(dsn, conn, plan) == []
+
+
+def test_a_cap_set_or_removed_while_deliveries_are_in_flight(
+    conn: psycopg.Connection,
+) -> None:
+    """Claims made without a cap hold no slot, so setting a cap under them, or removing
+    one, never drives the counter away from the slots really held."""
+    dest = add_destination(conn)
+    with conn.transaction():
+        queue.enqueue_events(conn, [EventIn("t", "{}", [dest]) for _ in range(10)])
+    uncapped = queue.claim_batch(conn, "w", 4, LEASE_MS)
+    conn.execute("UPDATE destinations SET max_in_flight = 5 WHERE id = %s", (dest,))
+    capped = queue.claim_batch(conn, "w", 10, LEASE_MS)
+    assert len(capped) == 5 and violations(conn) == [f"destination {dest}: 9 in flight"
+                                                     " over its cap 5"]
+    t = now(conn)
+    finish: Sequence[queue.Claim] = uncapped
+    queue.record_results(conn, "w", [Result(c.id, c.attempt, "delivered", t, 1, 200)
+                                     for c in finish])
+    assert violations(conn) == []
+    conn.execute("UPDATE destinations SET max_in_flight = NULL WHERE id = %s", (dest,))
+    queue.release_claims(conn, "w", MAX_ATTEMPTS)
+    row = conn.execute("SELECT in_flight FROM destinations WHERE id = %s", (dest,)).fetchone()
+    assert row == (0,)

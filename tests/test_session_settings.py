@@ -1,0 +1,201 @@
+"""The engine's own sessions never JIT-compile a hot statement, whatever the server's and
+the database's JIT settings, in custom and in generic plans.
+
+The database is set up the way that makes JIT compile anything it is allowed to
+(`jit = on`, every `jit_*_above_cost = 0`): on a test database the real thresholds are
+rarely reached, so a test at stock thresholds could not fail. The same statements on a
+plain connection to the same database must show JIT, or the test proves nothing; servers
+that cannot JIT at all (the embedded PostgreSQL 18) skip it. CI runs it on PostgreSQL 15,
+whose JIT is on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from engine import queries, queue
+from engine.config import Settings
+from engine.database import open_database
+from engine.status import collect_status
+
+pytestmark = pytest.mark.pg_versions
+
+PLAN_MODES = ("force_custom_plan", "force_generic_plan")
+LEASE_MS = 60_000
+MAX_ATTEMPTS = 10
+
+
+@pytest.fixture
+def jit_everything(dsn: str) -> Iterator[str]:
+    """`dsn`'s database with JIT on and every JIT threshold at 0, for every new session."""
+    name = conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for setting, value in (("jit", "on"), ("jit_above_cost", "0"),
+                               ("jit_inline_above_cost", "0"),
+                               ("jit_optimize_above_cost", "0")):
+            conn.execute(sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                sql.Identifier(name), sql.Identifier(setting), sql.Literal(value)))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        available = conn.execute("SELECT pg_jit_available()").fetchone()
+    if not (available and available[0]):
+        pytest.skip("this server cannot JIT-compile (no JIT provider), so nothing to prevent")
+    yield dsn
+
+
+def fill(conn: psycopg.Connection) -> dict[str, Any]:
+    """Capped and uncapped destinations with due deliveries, some claimed (for the result
+    write and the reaper), one open breaker (for breaker_defer), one dead delivery."""
+    with conn.transaction():
+        dests = [row[0] for row in conn.execute(
+            "INSERT INTO destinations (url, secret, max_in_flight)"
+            " SELECT 'http://127.0.0.1:9/' || g, 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw',"
+            "        CASE WHEN g % 2 = 0 THEN 5 END"
+            " FROM generate_series(1, 6) g RETURNING id").fetchall()]
+        queue.enqueue_events(conn, [
+            queue.EventIn("order.created", json.dumps({"n": n}), [dests[n % len(dests)]])
+            for n in range(60)])
+    claims = queue.claim_batch(conn, "jit-test", 20, LEASE_MS)
+    assert claims, "the test data is wrong: nothing to claim"
+    with conn.transaction():
+        conn.execute("UPDATE destinations SET breaker = 'open',"
+                     " paused_until = now() + interval '1 hour' WHERE id = %s", (dests[0],))
+    started = dt.datetime.now(dt.UTC)
+    dead = queue.claim_batch(conn, "jit-dead", 1, LEASE_MS)
+    queue.record_results(conn, "jit-dead", [
+        queue.Result(c.id, c.attempt, "dead", started, 5, 500, "HTTP 500") for c in dead])
+    conn.execute("ANALYZE")
+    return {"claims": claims, "destinations": dests, "started": started}
+
+
+def hot_statements(data: dict[str, Any]) -> list[tuple[str, bytes, Sequence[object]]]:
+    """(name, statement, parameters) of every statement on the delivery path and in
+    maintenance, with the parameters the engine would pass."""
+    claims: list[queue.Claim] = data["claims"]
+    started: dt.datetime = data["started"]
+    later = started + dt.timedelta(minutes=5)
+    outcomes = ("delivered", "retry", "dead", "released")
+    results = [
+        queue.Result(c.id, c.attempt, outcomes[i % 4], started, 12, 200, "HTTP 500", "ok",
+                     later if outcomes[i % 4] == "retry" else None)
+        for i, c in enumerate(claims)]
+    events = [queue.EventIn("order.created", '{"n": 1}', data["destinations"][1:3]),
+              queue.EventIn("order.created", '{"n": 2}')]
+    cutoff = started + dt.timedelta(days=1)
+    return [
+        ("lock_capped_destinations", queries.LOCK_CAPPED_DESTINATIONS,
+         (queue.CAPPED_CLAIM_LOCK_CLASS,)),
+        ("claim_batch", queries.CLAIM_BATCH,
+         queue.claim_params("jit-test-2", 50, LEASE_MS, 12, data["destinations"][1::2])),
+        ("record_results", queries.RECORD_RESULTS, queue.record_params("jit-test", results)),
+        ("release_claims", queries.RETURN_CLAIMS,
+         queue.return_params("jit-test", False, "worker exited", MAX_ATTEMPTS)),
+        ("reap_expired", queries.RETURN_CLAIMS,
+         queue.return_params(None, True, "lease expired", MAX_ATTEMPTS)),
+        ("enqueue_events", queries.ENQUEUE_EVENTS, queue._enqueue_params(events)),
+        ("breaker_defer", queries.BREAKER_DEFER, (100,)),
+        ("retention_finished", queries.RETENTION_FINISHED, (cutoff, 100)),
+        ("retention_events", queries.RETENTION_EVENTS, (cutoff, 100)),
+        ("replay_dead", queries.REPLAY_DEAD, (data["destinations"][0], None, cutoff, 100)),
+        ("replay_delivery", queries.REPLAY_DELIVERY, (claims[0].id,)),
+        ("metrics_gauges", queries.METRICS_GAUGES, ()),
+    ]
+
+
+def explain(conn: psycopg.Connection, mode: str, statement: bytes,
+            params: Sequence[object]) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, FORMAT JSON) of `statement` prepared (the server infers the
+    parameter types, as psycopg's automatic prepare lets it) and executed once under
+    `plan_cache_mode = mode`, in a transaction that is rolled back."""
+    with conn.transaction(force_rollback=True):
+        conn.execute(sql.SQL("SET LOCAL plan_cache_mode = {}").format(sql.SQL(mode)))
+        conn.execute(sql.SQL("PREPARE measured AS {}").format(sql.SQL(statement.decode())))
+        arguments = sql.SQL("")
+        if params:
+            arguments = sql.SQL("({})").format(
+                sql.SQL(", ").join(sql.Literal(p) for p in params))
+        row = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE measured {}")
+                           .format(arguments)).fetchone()
+        conn.execute("DEALLOCATE measured")
+    assert row is not None
+    document = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return dict(document[0])
+
+
+def jit_compiled(conn: psycopg.Connection, data: dict[str, Any]) -> list[str]:
+    """`name (mode)` of every hot statement whose plan was JIT-compiled on `conn`."""
+    compiled = []
+    for name, statement, params in hot_statements(data):
+        for mode in PLAN_MODES:
+            explained = explain(conn, mode, statement, params)
+            if explained.get("JIT", {}).get("Functions", 0) > 0:
+                compiled.append(f"{name} ({mode})")
+    return compiled
+
+
+def test_no_hot_statement_is_jit_compiled_on_engine_sessions(jit_everything: str) -> None:
+    with psycopg.connect(jit_everything, autocommit=True) as plain:
+        data = fill(plain)
+        # Without the engine's session settings, this database compiles every statement:
+        # what the assertion below rules out is really there to rule out.
+        assert len(jit_compiled(plain, data)) == 2 * len(hot_statements(data))
+    database = open_database(Settings(dsn=jit_everything))
+    with psycopg.connect(database.dsn, autocommit=True) as engine_session:
+        assert jit_compiled(engine_session, data) == []
+
+
+def test_worker_connections_get_the_session_settings(jit_everything: str) -> None:
+    """The delivery workers and ingress connect asynchronously, from the same conninfo."""
+    database = open_database(Settings(dsn=jit_everything))
+
+    async def jit_on_async_connection() -> tuple[Any, ...] | None:
+        async with await psycopg.AsyncConnection.connect(database.dsn,
+                                                         autocommit=True) as conn:
+            return await (await conn.execute("SELECT pg_jit_available()")).fetchone()
+
+    assert asyncio.run(jit_on_async_connection()) == (False,)
+
+
+def test_options_of_the_dsn_and_pgoptions_are_kept(
+    jit_everything: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGOPTIONS", "-c work_mem=7MB")
+    database = open_database(Settings(dsn=jit_everything))
+    with psycopg.connect(database.dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT current_setting('work_mem'), pg_jit_available()"
+                            ).fetchone() == ("7MB", False)
+    # An operator's explicit choice in the DSN comes after ours, and wins.
+    explicit = database.dsn.replace("options='-c jit=off -c work_mem=7MB'",
+                                    "options='-c jit=on'")
+    database = open_database(Settings(dsn=explicit))
+    with psycopg.connect(database.dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT pg_jit_available()").fetchone() == (True,)
+
+
+def test_status_warns_when_jit_stays_on_for_the_engine(jit_everything: str) -> None:
+    # A plain connection stands for a pooler that dropped the engine's startup options.
+    with psycopg.connect(jit_everything, autocommit=True) as plain:
+        warned = collect_status(plain)["warnings"]
+    assert any(w.startswith("JIT is on in the engine's sessions") for w in warned)
+    database = open_database(Settings(dsn=jit_everything))
+    with psycopg.connect(database.dsn, autocommit=True) as engine_session:
+        status = collect_status(engine_session)
+    assert status["settings"]["jit"] is False
+    assert not [w for w in status["warnings"] if "JIT" in w]
+
+
+def test_status_warns_about_synchronous_commit_off(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=off") as conn:
+        warned = collect_status(conn)["warnings"]
+    assert any(w.startswith("synchronous_commit is off") for w in warned)
+    # (The tests' embedded server runs with it off, for speed.)
+    with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on") as conn:
+        assert not [w for w in collect_status(conn)["warnings"] if "synchronous_commit" in w]
