@@ -79,6 +79,10 @@ class EmbeddedServer:
     def dsn(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
+    def control(self, *args: str) -> None:
+        """Run `pg_ctl ARGS` on this server (fault tests stop and restart it)."""
+        _pg_ctl(self.data_dir, list(args))
+
     def stop(self) -> None:
         """Stop the server if this process started it (fast mode: rolls back open work)."""
         if self.started_here:

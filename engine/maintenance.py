@@ -26,7 +26,7 @@ import psycopg
 from engine import queries, queue
 from engine.config import Settings
 from engine.leader import Leadership
-from engine.oplog import log_event
+from engine.oplog import Outage, log_event
 from engine.queue import _run
 from engine.retention import run_retention
 
@@ -108,6 +108,8 @@ def run_maintenance(settings: Settings, dsn: str,
     leadership = Leadership(dsn)
     jobs = _jobs(settings, leadership)
     work_conn: psycopg.Connection | None = None
+    # Once a second during an outage: two log lines for all of it, not one per tick.
+    outage = Outage("maintenance")
     standing_by = False  # the last attempt found another process leading
     try:
         while not stop.is_set():
@@ -115,9 +117,10 @@ def run_maintenance(settings: Settings, dsn: str,
             try:
                 leader = leadership.try_acquire()
             except psycopg.Error as exc:
-                log_event("leader_error", role="maintenance", error=str(exc))
+                outage.failed(exc, "leader lock")
                 leader = False
             else:
+                outage.recovered()
                 if not leader and not standing_by:
                     # Once per stretch of following, so an operator (or a test) can tell a
                     # follower from a process that has not tried yet.

@@ -33,8 +33,9 @@ from engine import queue_async
 from engine.config import Settings
 from engine.database import session_options
 from engine.http_client import CurlPool, HttpResult
+from engine.liveness import closed_by_server
 from engine.metrics import instruments
-from engine.oplog import log_event
+from engine.oplog import Outage, log_event
 from engine.queries import NOTIFY_CHANNEL
 from engine.queue import BreakerSettings, Claim, Result, worker_id
 from engine.retry import retry_delay
@@ -144,6 +145,8 @@ class DeliveryWorker:
         self.slow_share = max(1, int(self.capacity * SLOW_SHARE))
         self.leave_out_slow = True  # False right after a claim that left them out was empty
         self.answered_at: dict[int, float] = {}  # destination id -> its last HTTP answer
+        # Failed claims, records and connects of one outage: two log lines, not one each.
+        self.outage = Outage("worker", worker=self.worker)
 
     # Lifecycle
 
@@ -232,7 +235,7 @@ class DeliveryWorker:
                     )
                 return conn
             except psycopg.OperationalError as exc:
-                log_event("worker_db_unavailable", worker=self.worker, error=str(exc))
+                self.outage.failed(exc, "connect")
                 self._give_up_after_drain_deadline()
                 await asyncio.sleep(RECONNECT_DELAY_S)
 
@@ -276,9 +279,10 @@ class DeliveryWorker:
             except (psycopg.OperationalError, IdleInTransactionSessionTimeout) as exc:
                 # The second: the server ended a claim transaction this process left open
                 # too long (stopped or starved; see database.session_options).
-                log_event("worker_claim_failed", worker=self.worker, error=str(exc))
+                self.outage.failed(exc, "claim")
                 await self._reconnect_claim()
                 continue
+            self.outage.recovered()
             self.leave_out_slow = not piling_up or bool(claims)
             took = time.perf_counter() - started
             self.prefetch = min(self.capacity, CLAIM_CAP, 2 * (self.answered - answered_before))
@@ -344,7 +348,7 @@ class DeliveryWorker:
                         pass
                     return True
         except psycopg.OperationalError as exc:
-            log_event("worker_listen_failed", worker=self.worker, error=str(exc))
+            self.outage.failed(exc, "listen")
             await self._reconnect_claim()
             return True
         return False
@@ -564,11 +568,17 @@ class DeliveryWorker:
         """Record one batch, retrying through database outages: outcomes are not dropped
         (if this process dies meanwhile, the supervisor or the reaper returns the claims)."""
         while True:
+            if closed_by_server(self.flush_conn):
+                # Idle through a database restart: reconnect before use, not after a failure
+                # whose outcome (written or not) would be unknown.
+                await self.flush_conn.close()
+                self.flush_conn = await self._connect(listen=False)
             try:
                 await queue_async.record_results(self.flush_conn, self.worker, batch, self.breaker)
+                self.outage.recovered()
                 return
             except psycopg.OperationalError as exc:
-                log_event("worker_record_failed", worker=self.worker, error=str(exc))
+                self.outage.failed(exc, "record")
                 self._give_up_after_drain_deadline()
                 await self.flush_conn.close()
                 await asyncio.sleep(RECONNECT_DELAY_S)

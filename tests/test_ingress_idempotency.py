@@ -108,3 +108,45 @@ def test_bad_idempotency_keys_are_refused(dsn: str, conn: psycopg.Connection, ke
         answer = server.request("POST", "/v1/events", EVENT, headers={"Idempotency-Key": key})
     assert answer.status == 422
     assert event_count(conn) == 0
+
+
+def test_batch_whose_answer_is_lost_is_retried_into_each_event_once(
+    dsn: str, conn: psycopg.Connection
+) -> None:
+    """Ingress killed (SIGKILL) after the batch's commit, before its answer: the client
+    retries the same batch with the same per-event keys and gets each event once, with the
+    ids of the first commit; a key it adds on the retry is a new event."""
+    events = [{**EVENT, "payload": n, "idempotency_key": f"batch-{n}"} for n in range(5)]
+    with IngressProcess(dsn, env={PAUSE_AFTER_COMMIT_ENV: "30"}) as doomed:
+        add_destination(doomed)
+        outcome: list[BaseException | Answer] = []
+
+        def send() -> None:
+            try:
+                outcome.append(doomed.request("POST", "/v1/events/batch", {"events": events}))
+            except OSError as exc:
+                outcome.append(exc)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        deadline = time.monotonic() + 10
+        while event_count(conn) < len(events):
+            assert time.monotonic() < deadline, "the batch was never committed"
+            time.sleep(0.02)
+        assert not outcome  # committed, not yet answered
+        doomed.kill()
+        sender.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], OSError), outcome
+    first_ids = [row[0] for row in conn.execute("SELECT id FROM events ORDER BY id")]
+
+    with IngressProcess(dsn) as restarted:
+        retry = restarted.request("POST", "/v1/events/batch", {"events": events})
+        assert retry.status == 202, retry
+        assert [item["id"] for item in retry.json()["data"]] == first_ids
+        extra = {**EVENT, "payload": 99, "idempotency_key": "batch-new"}
+        grown = restarted.request("POST", "/v1/events/batch", {"events": [*events, extra]})
+        assert grown.status == 202, grown
+        assert [item["id"] for item in grown.json()["data"]][:5] == first_ids
+    assert event_count(conn) == len(events) + 1
+    row = conn.execute("SELECT count(*) FROM deliveries").fetchone()
+    assert row == (len(events) + 1,)

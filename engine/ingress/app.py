@@ -35,6 +35,7 @@ from engine.ingress import errors, store
 from engine.ingress import schemas as s
 from engine.ingress.committer import Committer
 from engine.ingress.console_api import ConsoleApi
+from engine.ingress.dbgate import DatabaseGate
 from engine.ingress.errors import ApiError
 from engine.ingress.metrics import IngressMetrics
 from engine.ingress.openapi import OPERATIONS, Operation, build_document
@@ -50,8 +51,6 @@ PREVIOUS_SECRET_MS = 24 * 3600 * 1000
 # A batch carries up to 1000 events: its body may be this many times the per-request
 # limit, while each event's payload still keeps to the limit itself.
 BATCH_BODY_FACTOR = 32
-POOL_TIMEOUT_S = 3.0
-POOL_MAX = 4
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
 _encoder = msgspec.json.Encoder()
@@ -105,6 +104,12 @@ class Request:
             raise errors.invalid(str(exc)) from None
         except msgspec.DecodeError as exc:
             raise errors.bad_json(str(exc)) from None
+        except RecursionError:
+            # msgspec decodes nested values recursively, within Python's recursion limit
+            # (about 1,000 levels here): deeper is refused, whole, before anything is done.
+            raise errors.bad_json(
+                "request body is nested too deeply (arrays and objects within each other)"
+            ) from None
 
     def query(self, allowed: set[str]) -> dict[str, str]:
         raw = self.scope.get("query_string", b"")
@@ -163,7 +168,7 @@ class IngressApp(ConsoleApi):
         self.dsn = dsn
         self.token = settings.api_token.encode() if settings.api_token else None
         self.meters = IngressMetrics()
-        self.pool: psycopg_pool.AsyncConnectionPool | None = None
+        self.gate = DatabaseGate(dsn)
         self.committer: Committer | None = None
         self.openapi_document = _encoder.encode(build_document(settings.max_timeout_ms))
         # Fixed paths by dictionary lookup; only paths with an {id} need a regex.
@@ -193,8 +198,8 @@ class IngressApp(ConsoleApi):
             response = await handler(Request(scope, receive, path_id, self.settings.max_body_bytes))
         except ApiError as exc:
             response = Response(exc.status, exc.body(), exc.headers or JSON_HEADERS)
-        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
-            log.warning("database unavailable: %s", exc)
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout):
+            # Not logged per request: the gate logs each outage once (engine/oplog.Outage).
             error = errors.unavailable()
             response = Response(error.status, error.body(), JSON_HEADERS)
         except Exception:
@@ -261,26 +266,18 @@ class IngressApp(ConsoleApi):
                 return
 
     async def startup(self) -> None:
-        self.pool = psycopg_pool.AsyncConnectionPool(
-            self.dsn, min_size=1, max_size=POOL_MAX,
-            kwargs={"autocommit": True, "application_name": "engine ingress"},
-            open=False, timeout=POOL_TIMEOUT_S, name="ingress",
-        )
-        # Do not wait: with the database down the server still starts and answers 503.
-        await self.pool.open(wait=False)
-        self.committer = Committer(self.dsn)
+        await self.gate.open()
+        self.committer = Committer(self.dsn, gate=self.gate)
         self.committer.on_commit.append(self.meters.observe_commit)
         self.committer.start()
 
     async def shutdown(self) -> None:
         if self.committer is not None:
             await self.committer.stop()
-        if self.pool is not None:
-            await self.pool.close()
+        await self.gate.close()
 
     def _connection(self) -> Any:
-        assert self.pool is not None
-        return self.pool.connection()
+        return self.gate.connection()
 
     # Destinations ----------------------------------------------------------------------
 
@@ -505,7 +502,7 @@ class IngressApp(ConsoleApi):
         try:
             async with self._connection() as conn:
                 await conn.execute("SELECT 1")
-        except (psycopg.Error, psycopg_pool.PoolTimeout):
+        except (ApiError, psycopg.Error, psycopg_pool.PoolTimeout):
             raise errors.unavailable("the database is unreachable") from None
         return _json(200, s.Health("ok", "ok"))
 

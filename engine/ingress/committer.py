@@ -25,6 +25,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg.types.array import ListBinaryDumper
@@ -34,8 +35,13 @@ from engine import queue
 from engine.ingress import errors
 from engine.ingress.errors import ApiError
 from engine.ingress.schemas import EventAccepted
+from engine.liveness import closed_by_server
+from engine.oplog import Outage
 from engine.queries import NOTIFY_CHANNEL
 from engine.queue import EventIn
+
+if TYPE_CHECKING:
+    from engine.ingress.dbgate import DatabaseGate
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +90,14 @@ class Committer:
         self, dsn: str, *, window_s: float = DEFAULT_WINDOW_S,
         max_events: int = DEFAULT_MAX_EVENTS, slots: int = DEFAULT_SLOTS,
         max_waiting_events: int = DEFAULT_MAX_WAITING_EVENTS,
+        gate: DatabaseGate | None = None,
     ) -> None:
         self.dsn = dsn
+        # With a gate (the app's), an outage it knows of is refused at once and reported
+        # once by it. `outage` reports commits that fail on a live session (statement
+        # timeouts), and lost sessions too when there is no gate.
+        self.gate = gate
+        self.outage = Outage("ingress commit")
         self.max_waiting_events = max_waiting_events
         self.window_s = window_s
         self.max_events = max_events
@@ -175,14 +187,25 @@ class Committer:
         """Write and answer one batch; returns the connection to keep (None if broken)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
+        if self.gate is not None and self.gate.down:
+            _fail(batch, errors.unavailable())
+            return conn
         try:
-            if conn is None or conn.closed:
+            if conn is not None and closed_by_server(conn):
+                # Idle through a restart: a new session, rather than a 503 for this batch.
+                await conn.close()
+                conn = None
+            if conn is None:
                 conn = await self._connect("engine ingress commit")
             answers, notify = await self._write_retrying(conn, batch)
         except psycopg.OperationalError as exc:
-            # The connection or the server failed: nobody's events are known to be written.
-            log.warning("ingress commit failed, database unavailable: %s", exc)
+            # The connection or the server failed (or a statement timeout cancelled the
+            # write): nobody's events are known to be written.
             _fail(batch, errors.unavailable())
+            if conn is None or conn.broken or conn.closed:
+                self._lost(exc, "commit")
+            else:  # a statement timeout, say: the database is up but cannot commit
+                self.outage.failed(exc, "commit")
             if conn is not None:
                 await conn.close()
             return None
@@ -201,6 +224,7 @@ class Committer:
             log.exception("ingress commit failed")
             _fail(batch, errors.internal())
             return conn
+        self.outage.recovered()
         if self.pause_after_commit_s:
             await asyncio.sleep(self.pause_after_commit_s)
         for submission, answer in answers.items():
@@ -226,6 +250,8 @@ class Committer:
                 await self._notify_wanted.wait()
                 self._notify_wanted.clear()
                 try:
+                    if conn is not None and closed_by_server(conn):
+                        await conn.close()
                     if conn is None or conn.closed:
                         conn = await self._connect("engine ingress notify")
                     await conn.execute(_NOTIFY)
@@ -239,6 +265,12 @@ class Committer:
         finally:
             if conn is not None:
                 await conn.close()
+
+    def _lost(self, error: psycopg.OperationalError, during: str) -> None:
+        if self.gate is not None:
+            self.gate.lost(error, during)
+        else:
+            self.outage.failed(error, during)
 
     async def _connect(self, name: str) -> psycopg.AsyncConnection:
         conn = await psycopg.AsyncConnection.connect(

@@ -1,0 +1,326 @@
+"""Database faults under load, against a real `engine` and a PostgreSQL server this module
+owns (so it may stop, crash and restart it): fast and immediate restarts, refusing
+connections for OUTAGE_S, a transaction holding xmin for the whole run, and statement
+timeouts hit by the claim.
+
+For each: nothing accepted is lost or left in flight, duplicates stay within what was in
+flight, ingress refuses fast while it cannot commit (no pool wait), /healthz tells the
+truth soon after the database is back, no request after that meets a broken connection,
+and each process logs the outage once (and a summary), not once per request. Each test
+prints a `FAULT` line with its numbers (pytest -s shows them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from engine.embedded import EmbeddedServer, ensure_server
+from engine.ingress.dbgate import POOL_TIMEOUT_S
+from tests.dbserver import DatabaseFactory
+from tests.enginerun import Engine, wait_until
+from tests.fakedest import FakeDestination
+from tests.faultload import FaultLoad, first_ok_after
+from tests.ingress_server import IngressProcess
+
+# How long the server refuses connections in the outage test (the issue asks for 20 s).
+OUTAGE_S = float(os.environ.get("ENGINE_FAULT_OUTAGE_S", "20"))
+WORKER_PROCS = 2
+MAX_IN_FLIGHT = 50
+# What a healthy machine does in well under a second; generous for a loaded CI box.
+HEALTHZ_BACK_WITHIN_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def owned_server() -> Iterator[EmbeddedServer]:
+    # Not under pytest's tmp_path: every pytest session run as this user makes its base
+    # folder private again, locking the server's system user out of a restart.
+    folder = Path(tempfile.mkdtemp(prefix="engine-fault-pg-"))
+    # Durable: an immediate shutdown must not lose what was committed (with
+    # synchronous_commit off it would, and the test would blame the engine).
+    server = ensure_server(folder / "data", durable=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def factory(owned_server: EmbeddedServer) -> Iterator[DatabaseFactory]:
+    made = DatabaseFactory(owned_server.dsn)
+    yield made
+    made.drop_all()
+
+
+@pytest.fixture
+def fault_dsn(factory: DatabaseFactory) -> Iterator[str]:
+    url = factory.create()
+    yield url
+    factory.drop(url)
+
+
+Fault = Callable[[EmbeddedServer, str], tuple[float, float]]
+
+
+def _server_log(server: EmbeddedServer) -> list[str]:
+    # Without a log file the new postmaster keeps pg_ctl's stdout open: pg_ctl's caller
+    # would wait for it to close.
+    return ["-l", str(server.data_dir / "server.log")]
+
+
+def fast_restart(server: EmbeddedServer, dsn: str) -> tuple[float, float]:
+    down = time.monotonic()
+    server.control("-m", "fast", "-w", "-t", "60", *_server_log(server), "restart")
+    return down, time.monotonic()
+
+
+def immediate_restart(server: EmbeddedServer, dsn: str) -> tuple[float, float]:
+    down = time.monotonic()  # a crash: no goodbye to sessions, then crash recovery
+    server.control("-m", "immediate", "-w", "-t", "60", *_server_log(server), "restart")
+    return down, time.monotonic()
+
+
+def refuse_connections(server: EmbeddedServer, dsn: str) -> tuple[float, float]:
+    down = time.monotonic()
+    server.control("-m", "fast", "-w", "-t", "60", "stop")
+    time.sleep(OUTAGE_S)
+    server.control("-w", "-t", "60", *_server_log(server), "start")
+    return down, time.monotonic()
+
+
+def lock_out_claims(server: EmbeddedServer, dsn: str) -> tuple[float, float]:
+    """Every claim (and commit) waits for the table lock past its statement timeout."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET statement_timeout = 0")
+        down = time.monotonic()
+        conn.execute("LOCK TABLE deliveries IN EXCLUSIVE MODE")
+        time.sleep(3)
+    return down, time.monotonic()
+
+
+def _run_fault(
+    name: str, fault: Fault, server: EmbeddedServer, dsn: str, tmp_path: Path,
+    *, expect_outage: bool = True,
+) -> dict[str, object]:
+    with FakeDestination() as fake, Engine(
+        dsn, tmp_path, "--procs", str(WORKER_PROCS), "--bind", "127.0.0.1:0",
+        "--allow-private-targets", "--max-in-flight", str(MAX_IN_FLIGHT),
+    ) as engine:
+        [started] = wait_until(lambda: engine.events("supervisor_started"), 30, "supervisor")
+        client = IngressProcess(dsn)  # only its HTTP client: the engine serves
+        client.port = int(started["bind"].rsplit(":", 1)[1])
+        wait_until(lambda: _answers(client, "/healthz") == 200, 30, "ingress")
+        created = client.request("POST", "/v1/destinations", {"url": fake.url("fast/db")})
+        assert created.status == 201, created
+
+        load = FaultLoad(client, created.json()["id"]).start()
+        try:
+            load.wait_accepted(50)
+            down_at, back_at = fault(server, dsn)
+            load.wait_accepted(50)
+        finally:
+            load.stop()
+
+        delivered = wait_until(lambda: _all_delivered(fake, load), 120, "every delivery")
+        wait_until(lambda: _unfinished(dsn) == 0, 60, "no delivery pending or in flight")
+        stats = fake.name_stats("db")
+        log_text = engine.log_path.read_text()
+        outages = engine.events("database_unavailable")
+        recoveries = engine.events("database_recovered")
+    assert delivered, "accepted events were lost"
+    refusals = [s for s in load.posts + load.reads if s.status == 503]
+    result: dict[str, object] = {
+        "fault": name,
+        "accepted": len(load.accepted),
+        "lost": 0,
+        "duplicates": stats["duplicates"],
+        "refused_503": len(refusals),
+        "slowest_503_s": round(max((s.seconds for s in refusals), default=0.0), 3),
+        "healthz_ok_after_s": _round(first_ok_after(load.health, 200, back_at)),
+        "first_202_after_s": _round(first_ok_after(load.posts, 202, back_at)),
+        "outage_s": round(back_at - down_at, 1),
+        "log_lines": len(log_text.splitlines()),
+        "outage_lines": dict(Counter(r["component"] for r in outages)),
+    }
+    print(f"\nFAULT {result}")
+    result["outage_records"] = outages
+
+    # Duplicates only from deliveries whose result a fault kept from being recorded:
+    # never more than what was in flight.
+    assert stats["duplicates"] <= WORKER_PROCS * MAX_IN_FLIGHT
+    assert "Traceback" not in log_text
+    # 503 at once, not after a pool wait.
+    assert all(s.seconds < POOL_TIMEOUT_S for s in refusals), refusals
+    healthz_back = first_ok_after(load.health, 200, back_at)
+    assert healthz_back is not None and healthz_back < HEALTHZ_BACK_WITHIN_S, load.health[-40:]
+    # Once /healthz says so, no request meets a connection the fault broke.
+    healthy_again = back_at + healthz_back
+    late = [s for s in load.posts + load.reads if s.sent > healthy_again and s.status >= 500]
+    assert not late, late
+    # One line per outage per process and component (a restart may be seen as two: the
+    # shutdown, then the start-up), each closed by a summary.
+    per_process = Counter((r["pid"], r["component"]) for r in outages)
+    assert all(n <= 2 for n in per_process.values()), outages
+    if expect_outage:
+        assert outages
+    assert Counter((r["pid"], r["component"]) for r in recoveries) == per_process
+    return result
+
+
+def _answers(client: IngressProcess, path: str) -> int:
+    try:
+        return client.request("GET", path, timeout=5).status
+    except OSError:
+        return 0
+
+
+def _all_delivered(fake: FakeDestination, load: FaultLoad) -> bool:
+    arrivals = fake.arrivals("db")
+    return all(f"evt_{event_id}" in arrivals for event_id in load.accepted.values())
+
+
+def _unfinished(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM deliveries WHERE status IN ('pending', 'in_flight')"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _attempts(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM delivery_attempts").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def test_fast_restart(owned_server: EmbeddedServer, fault_dsn: str, tmp_path: Path) -> None:
+    _run_fault("fast restart", fast_restart, owned_server, fault_dsn, tmp_path)
+
+
+def test_immediate_restart(
+    owned_server: EmbeddedServer, fault_dsn: str, tmp_path: Path
+) -> None:
+    _run_fault("immediate restart", immediate_restart, owned_server, fault_dsn, tmp_path)
+
+
+def test_refusing_connections(
+    owned_server: EmbeddedServer, fault_dsn: str, tmp_path: Path
+) -> None:
+    result = _run_fault(
+        f"refusing connections {OUTAGE_S:g} s", refuse_connections, owned_server, fault_dsn,
+        tmp_path,
+    )
+    assert result["refused_503"], "nothing was refused while the database was down"
+
+
+def test_statement_timeout_hit_by_the_claim(
+    owned_server: EmbeddedServer, fault_dsn: str, tmp_path: Path
+) -> None:
+    with psycopg.connect(fault_dsn, autocommit=True) as conn:
+        dbname = conn.info.dbname
+        conn.execute(f'ALTER DATABASE "{dbname}" SET statement_timeout = \'500ms\'')
+    result = _run_fault("statement timeout on claim", lock_out_claims, owned_server,
+                        fault_dsn, tmp_path)
+    outages = result["outage_records"]
+    assert isinstance(outages, list)
+    assert any(
+        r["component"] == "worker" and r["during"] == "claim" and "statement timeout" in r["error"]
+        for r in outages
+    ), outages
+
+
+def test_transaction_holding_xmin_for_the_whole_run(
+    owned_server: EmbeddedServer, fault_dsn: str, tmp_path: Path
+) -> None:
+    with contextlib.closing(psycopg.connect(fault_dsn, autocommit=True)) as holder:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM deliveries")  # takes the snapshot: xmin held
+
+        def hold(server: EmbeddedServer, dsn: str) -> tuple[float, float]:
+            start = time.monotonic()
+            time.sleep(5)
+            return start, time.monotonic()
+
+        result = _run_fault("xmin held all run", hold, owned_server, fault_dsn, tmp_path,
+                            expect_outage=False)
+        with psycopg.connect(fault_dsn, autocommit=True) as conn:
+            held = conn.execute(
+                "SELECT backend_xmin IS NOT NULL FROM pg_stat_activity WHERE pid = %s",
+                [holder.info.backend_pid],
+            ).fetchone()
+        assert held == (True,)
+    assert result["refused_503"] == 0
+
+
+def test_idle_engine_serves_the_first_requests_after_a_restart(
+    owned_server: EmbeddedServer, fault_dsn: str, tmp_path: Path
+) -> None:
+    """No traffic across the restart: every pooled and idle connection is stale when the
+    first requests and the first result come."""
+    with FakeDestination() as fake, Engine(
+        fault_dsn, tmp_path, "--procs", "1", "--bind", "127.0.0.1:0",
+        "--allow-private-targets",
+    ) as engine:
+        [started] = wait_until(lambda: engine.events("supervisor_started"), 30, "supervisor")
+        client = IngressProcess(fault_dsn)
+        client.port = int(started["bind"].rsplit(":", 1)[1])
+        wait_until(lambda: _answers(client, "/healthz") == 200, 30, "ingress")
+        created = client.request("POST", "/v1/destinations", {"url": fake.url("fast/idle")})
+        assert created.status == 201
+        destination = created.json()["id"]
+        first = client.request("POST", "/v1/events", {"type": "t", "payload": 1})
+        assert first.status == 202
+        fake.wait_for("idle", "delivered_ids", 1, timeout=30)
+        # Every pool connection used and idle, the worker's results connection too.
+        for _ in range(8):
+            assert client.request("GET", "/v1/deliveries?limit=1").status == 200
+
+        fast_restart(owned_server, fault_dsn)
+
+        assert client.request("GET", "/v1/deliveries?limit=1").status == 200
+        assert client.request("GET", f"/v1/destinations/{destination}").status == 200
+        assert client.request(
+            "POST", "/v1/destinations", {"url": fake.url("fast/other")}
+        ).status == 201
+        assert client.request("POST", "/v1/events", {"type": "t", "payload": 2}).status == 202
+        assert client.request("GET", "/healthz").status == 200
+        fake.wait_for("idle", "delivered_ids", 2, timeout=30)
+        # Event 2 went to both destinations: three attempts in all.
+        wait_until(lambda: _attempts(fault_dsn) == 3, 30, "the results recorded")
+        records = [r for r in engine.events("database_recovered") if r["component"] == "worker"]
+        assert all("record" not in r["failures"] for r in records), records
+        assert not [r for r in engine.events("database_unavailable") if r["during"] == "record"]
+
+
+def test_ingress_started_without_a_database_refuses_at_once() -> None:
+    """No database from the start: 503 from the first request on, without a pool wait."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # nothing listens on it once closed
+    with IngressProcess(f"postgresql://postgres@127.0.0.1:{port}/postgres") as server:
+        for path in ("/healthz", "/v1/deliveries", "/v1/destinations"):
+            started = time.monotonic()
+            answer = server.request("GET", path)
+            assert answer.status == 503, answer
+            assert time.monotonic() - started < POOL_TIMEOUT_S
+        started = time.monotonic()
+        answer = server.request("POST", "/v1/events", {"type": "t", "payload": 1})
+        assert answer.status == 503, answer
+        assert time.monotonic() - started < POOL_TIMEOUT_S
