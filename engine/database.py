@@ -79,13 +79,15 @@ STATEMENT_TIMEOUT_MS = 30_000
 
 
 def session_options(dsn: str) -> str:
-    """libpq `options` for the engine's queue sessions: the DSN's own options, then the
-    bounds above, set in the startup packet (no extra round trip; a reconnect keeps
-    them). Ours come last, so they win over the same settings in the DSN."""
+    """libpq `options` for the engine's queue sessions: the bounds above, then the DSN's
+    own options, set in the startup packet (no extra round trip; a reconnect keeps
+    them). As in engine_conninfo, the DSN's come last, so an operator's explicit choice
+    (a shorter statement_timeout, say) wins over ours; a database- or role-level
+    setting does not, since startup options outrank those."""
     given = conninfo_to_dict(dsn).get("options") or ""
     ours = (f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS}"
             f" -c statement_timeout={STATEMENT_TIMEOUT_MS}")
-    return f"{given} {ours}".strip()
+    return f"{ours} {given}".strip()
 
 
 def connect(dsn: str, **kwargs: object) -> psycopg.Connection:

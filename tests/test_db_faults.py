@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from engine.embedded import EmbeddedServer, ensure_server
 from engine.ingress.dbgate import POOL_TIMEOUT_S
@@ -233,11 +234,12 @@ def test_refusing_connections(
 def test_statement_timeout_hit_by_the_claim(
     owned_server: EmbeddedServer, fault_dsn: str, tmp_path: Path
 ) -> None:
-    with psycopg.connect(fault_dsn, autocommit=True) as conn:
-        dbname = conn.info.dbname
-        conn.execute(f'ALTER DATABASE "{dbname}" SET statement_timeout = \'500ms\'')
+    # In the DSN, as an operator would set it: the engine's own statement_timeout (30 s,
+    # engine/database.py) outranks a database-level setting but not the DSN's options.
+    params = conninfo_to_dict(fault_dsn)
+    params["options"] = "-c statement_timeout=500ms"
     result = _run_fault("statement timeout on claim", lock_out_claims, owned_server,
-                        fault_dsn, tmp_path)
+                        make_conninfo(**params), tmp_path)
     outages = result["outage_records"]
     assert isinstance(outages, list)
     assert any(
@@ -288,6 +290,9 @@ def test_idle_engine_serves_the_first_requests_after_a_restart(
         first = client.request("POST", "/v1/events", {"type": "t", "payload": 1})
         assert first.status == 202
         fake.wait_for("idle", "delivered_ids", 1, timeout=30)
+        # Its result recorded before the restart: a flush still under way when the server
+        # stops is a real failure of that record, not a stale connection.
+        wait_until(lambda: _attempts(fault_dsn) == 1, 30, "the first result recorded")
         # Every pool connection used and idle, the worker's results connection too.
         for _ in range(8):
             assert client.request("GET", "/v1/deliveries?limit=1").status == 200
