@@ -29,7 +29,7 @@ class Database:
 
 
 # Settings every session the engine opens starts with (docs/decisions/
-# 0012-no-jit-on-engine-sessions.md says why). JIT: the hot statements are short, and
+# 0008-no-jit-on-engine-sessions.md says why). JIT: the hot statements are short, and
 # where the server has JIT (Debian's, PGDG's and most managed builds) their cost estimates
 # cross jit_above_cost as the queue grows, so every execution compiles them again: 4 to 5
 # times the database CPU per delivery on a stock PostgreSQL 15.
