@@ -74,8 +74,9 @@ def test_worker_frozen_in_its_claim_transaction(
         wait_until(lambda: delivered(conn) == 2 * EVENTS, 60, "deliveries after the thaw")
         # The thawed worker found its session gone and reconnected: it is still the same
         # process, and it claims again.
-        wait_until(lambda: [r for r in engine.events("worker_claim_failed")
-                            if r["worker"].endswith(f":{frozen}")], 30, "the reconnect")
+        wait_until(lambda: [r for r in engine.events("database_unavailable")
+                            if r["pid"] == frozen and r["during"] == "claim"], 30,
+                   "the reconnect")
         assert engine.worker_pids() == [frozen, other]
         assert not engine.events("child_exited")
     assert sorted(server.healthy_ids.values()) == [1] * (2 * EVENTS)  # no duplicate
