@@ -29,10 +29,15 @@ def test_worker_children_run_at_the_configured_niceness(
             == [expected, expected],
             10, f"workers at niceness {expected}",
         )
-        others = {
-            child.pid for child in psutil.Process(engine.pid).children()
-        } - set(engine.worker_pids())
-        assert others  # ingress and maintenance keep the supervisor's priority
+        # Ingress and maintenance are forked after the workers: wait for all four (with
+        # --worker-nice 0 the wait above can end before they exist).
+        def all_four() -> list[psutil.Process] | None:
+            found = psutil.Process(engine.pid).children()
+            return found if len(found) == 4 else None
+
+        children = wait_until(all_four, 30, "all four children")
+        others = {child.pid for child in children} - set(engine.worker_pids())
+        assert len(others) == 2  # ingress and maintenance keep the supervisor's priority
         assert {psutil.Process(pid).nice() for pid in others} == {supervisor_nice}
 
 
