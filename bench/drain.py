@@ -180,8 +180,10 @@ def enqueue_backlog(
                       for dest_id in order[start:start + ENQUEUE_BATCH]]
             queue.enqueue_events(conn, events)
         if delay_s:
+            # From now, not from the transaction's start: the enqueue before took seconds.
             conn.execute(
-                "UPDATE deliveries SET next_attempt_at = now() + make_interval(secs => %s)"
+                "UPDATE deliveries"
+                "   SET next_attempt_at = clock_timestamp() + make_interval(secs => %s)"
                 " WHERE destination_id = ANY(%s)", (delay_s, list(counts)))
     conn.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(NOTIFY_CHANNEL)))
 

@@ -92,7 +92,7 @@ ALTER TABLE deliveries SET (
     autovacuum_vacuum_threshold=5000
 );
 CREATE INDEX deliveries_claimable_idx ON deliveries (LEAST((attempt)::integer, 1), next_attempt_at) WHERE (status = 'pending'::delivery_status);
-CREATE INDEX deliveries_destination_idx ON deliveries (destination_id, status);
+CREATE INDEX deliveries_destination_idx ON deliveries (destination_id, status, next_attempt_at);
 CREATE INDEX deliveries_event_idx ON deliveries (event_id);
 CREATE INDEX deliveries_in_flight_idx ON deliveries (locked_until) WHERE (status = 'in_flight'::delivery_status);
 CREATE INDEX deliveries_ordering_idx ON deliveries (destination_id, ordering_key, id) WHERE (ordering_key IS NOT NULL);

@@ -239,6 +239,28 @@ def test_claim_stays_an_ordered_scan_on_a_large_queue(
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)
+def test_a_capped_claim_reads_only_the_room_under_its_cap(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    """A capped destination with a deep backlog: its branch of the claim scans its due
+    deliveries in order and stops at the room under the cap, instead of reading (and
+    sorting) every pending row of the destination on every claim."""
+    tx.execute("UPDATE destinations SET max_in_flight = 5 WHERE id = 1")
+    add_burst(tx)  # destination 1 now has 2,100 due deliveries
+    tx.execute("ANALYZE deliveries")
+    params = queue.claim_params("plan-test", 50, LEASE_MS, 12, [1])
+    explained = explain(tx, mode, queries.CLAIM_BATCH, "text, int, int, int, bigint[]",
+                        list(params))
+    report(record_property, "claim_batch_capped", mode, explained)
+    capped = cte(explained, "capped")
+    assert capped["Actual Rows"] == 5
+    assert not [n for n in nodes(capped) if n["Node Type"] == "Sort"], "sorted the backlog"
+    scans = index_scans(capped, "deliveries_destination_idx")
+    assert scans and all(s["Node Type"] == "Index Scan" for s in scans), scans
+    assert max(s["Actual Rows"] for s in scans) <= 10, "read past the room under the cap"
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
 def test_record_results_finds_its_rows_by_primary_key(
     tx: psycopg.Connection, mode: str, record_property: Any
 ) -> None:
