@@ -3,9 +3,12 @@
     python bench/drain.py [drain-fast|drain-slow|all|many-destinations|capped-slow|mixes]
                           [--dsn URL | --stock-pg15] [--cap N] [--procs 2] [--count N]
                           [--max-in-flight 512] [--repeat N] [--warm N] [--engine-warm N]
+                          [--rate-limit R [--vs-unlimited]]
 
 drain-fast: 20,000 deliveries to a destination that answers at once; drain-slow: 10,000 to
-one that answers after 100 ms (--cap N: that destination has max_in_flight N). Destination
+one that answers after 100 ms (--cap N: that destination has max_in_flight N; --rate-limit
+R: rate_limit R, and --vs-unlimited runs each repeat without it too, for the limit's cost
+when it does not bind: the summary has each pair's ratio). Destination
 mixes: many-destinations, 20,000 deliveries over 1,000 destinations answering at once,
 about half of them capped at 10-50; capped-slow, 10,000 over 100 destinations capped at 5
 answering after 100 ms (ceiling 5,000/s). Each report says whether the fake destination
@@ -39,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -149,10 +153,12 @@ def engine_warm_up_count(args: argparse.Namespace) -> int:
     return args.procs * args.max_in_flight if args.engine_warm is None else args.engine_warm
 
 
-def add_destination(conn: psycopg.Connection, url: str, cap: int | None = None) -> int:
+def add_destination(
+    conn: psycopg.Connection, url: str, cap: int | None = None, rate_limit: float | None = None
+) -> int:
     row = conn.execute(
-        "INSERT INTO destinations (url, secret, max_in_flight) VALUES (%s, %s, %s)"
-        " RETURNING id", (url, SECRET, cap)
+        "INSERT INTO destinations (url, secret, max_in_flight, rate_limit)"
+        " VALUES (%s, %s, %s, %s) RETURNING id", (url, SECRET, cap, rate_limit)
     ).fetchone()
     assert row is not None
     return int(row[0])
@@ -229,7 +235,9 @@ def postmaster_pid(conn: psycopg.Connection) -> int:
     return psutil.Process(int(row[0])).ppid()
 
 
-def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, object]:
+def run_scenario(
+    name: str, admin_dsn: str, args: argparse.Namespace, rate_limit: float | None = None
+) -> dict[str, object]:
     run = targets(name, args)
     count = sum(t.count for t in run)
     path = run[0].path
@@ -239,7 +247,7 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
         psycopg.connect(dsn, autocommit=True) as conn,
     ):
         warm_destination(dest.url("fast/warm-up"), args.warm, args.procs * args.max_in_flight)
-        per_destination = {add_destination(conn, dest.url(t.path), t.cap): t.count
+        per_destination = {add_destination(conn, dest.url(t.path), t.cap, rate_limit): t.count
                            for t in run}
         engine_warm = engine_warm_up_count(args)
         # With a warm-up, the backlog falls due a few seconds after the engine starts, when
@@ -282,6 +290,7 @@ def run_scenario(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[st
         "scenario": name,
         "deliveries": count,
         "destinations": len(run),
+        "rate_limit": rate_limit,
         **cap_report(watched.stats.get("names", {}), run),
         "recorded_delivered": finished[0] if finished else None,
         "left_in_queue": pending[0] if pending else None,
@@ -424,6 +433,11 @@ def main() -> int:
     parser.add_argument("--cap", type=int,
                         help="max_in_flight of the destination of drain-fast and drain-slow"
                              " (default: none)")
+    parser.add_argument("--rate-limit", type=float,
+                        help="rate_limit of the scenario's destinations (default: none)")
+    parser.add_argument("--vs-unlimited", action="store_true",
+                        help="with --rate-limit: each repeat also runs without the limit,"
+                             " just before")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--count", type=int, help="deliveries (default: the scenario's)")
     parser.add_argument("--max-in-flight", type=int, default=512)
@@ -444,19 +458,42 @@ def main() -> int:
         "--reports", type=Path, default=ROOT / "bench" / "reports",
         help="folder for the JSON reports")
     args = parser.parse_args()
+    if args.vs_unlimited and args.rate_limit is None:
+        parser.error("--vs-unlimited needs --rate-limit")
     names = {"all": list(SCENARIOS), "mixes": list(MIXES)}.get(args.scenario, [args.scenario])
+    limits = [None, args.rate_limit] if args.vs_unlimited else [args.rate_limit]
 
     args.reports.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    runs: dict[str, list[dict[str, Any]]] = {}
     with benchdb.server(args.dsn, stock_pg15_cluster=args.stock_pg15) as admin_dsn:
         for _ in range(args.repeat):
             for name in names:
-                report = run_scenario(name, admin_dsn, args)
-                runs[name].append(report)
-                print(save_report(args.reports, name, report), flush=True)
-    if args.repeat > 1:
-        print(json.dumps({name: summary(reports) for name, reports in runs.items()}), flush=True)
+                for rate_limit in limits:
+                    label = name if rate_limit is None else f"{name}-rate-limit"
+                    report = run_scenario(name, admin_dsn, args, rate_limit)
+                    runs.setdefault(label, []).append(report)
+                    print(save_report(args.reports, label, report), flush=True)
+    if args.repeat > 1 or args.vs_unlimited:
+        totals: dict[str, Any] = {label: summary(reports) for label, reports in runs.items()}
+        if args.vs_unlimited:
+            totals["rate_limit_pairs"] = {
+                name: rate_limit_pairs(runs[name], runs[f"{name}-rate-limit"]) for name in names}
+        print(json.dumps(totals), flush=True)
     return 0
+
+
+def rate_limit_pairs(
+    unlimited: list[dict[str, Any]], limited: list[dict[str, Any]]
+) -> dict[str, list[float]]:
+    """Limited over unlimited, run by run: deliveries/s, and the engine's and PostgreSQL's
+    CPU per delivery (a pair ran back to back, so the machine's load skews both alike)."""
+    def ratios(value: Callable[[dict[str, Any]], float]) -> list[float]:
+        return [round(value(b) / value(a), 3) for a, b in zip(unlimited, limited, strict=True)]
+    return {
+        "deliveries_per_s": ratios(lambda r: r["deliveries_per_s"]),
+        "engine_cpu_per_delivery": ratios(lambda r: r["cpu_us_per_delivery"]["engine"]),
+        "postgres_cpu_per_delivery": ratios(lambda r: r["cpu_us_per_delivery"]["postgres"]),
+    }
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor
@@ -71,6 +72,10 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
     retry_schedule: list[float] | None = None  # its own retry delays (seconds), if any
     rate_limit: float | None = None  # its requests per second, if limited
     claim_token: int | None = None  # names this claim; its results carry it (schema/009)
+    # A rate-limited destination's delivery may be sent no earlier than send_at (the
+    # database's clock), send_delay_s after the claim statement: take_rate_tokens.sql.
+    send_at: dt.datetime | None = None
+    send_delay_s: float = 0.0
 
 
 OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
@@ -115,17 +120,54 @@ class EventIn:
     request_hash: bytes | None = None
 
 
+# A row of take_rate_tokens.sql: destination id, tokens, first send time, statement time.
+RateBooking = tuple[int, int, dt.datetime, dt.datetime]
+
+
 def claim_params(
     worker: str, limit: int, lease_ms: int, first_attempt_reserve: int, capped: list[int],
-    skip_destinations: Sequence[int] = (), rate_tokens: Sequence[tuple[int, int]] = (),
+    skip_destinations: Sequence[int] = (), rate_tokens: Sequence[RateBooking] = (),
 ) -> tuple[object, ...]:
     """Parameters of claim_batch.sql (shared by the sync and async queue functions);
     `capped` is what lock_capped_destinations.sql returned in the same transaction, and
-    `rate_tokens` the (destination id, tokens) rows of take_rate_tokens.sql."""
+    `rate_tokens` the rows of take_rate_tokens.sql."""
     return (
         worker, limit, first_attempt_reserve, lease_ms, capped, list(skip_destinations),
-        [destination for destination, _ in rate_tokens], [n for _, n in rate_tokens],
+        [booking[0] for booking in rate_tokens], [booking[1] for booking in rate_tokens],
     )
+
+
+def claims_from_rows(
+    rows: Sequence[Sequence[Any]], rate_tokens: Sequence[RateBooking]
+) -> list[Claim]:
+    """claim_batch.sql's rows as Claims. A rate-limited destination's claims take the send
+    times its row of take_rate_tokens.sql booked, 1/rate apart from the first, in id order
+    (the order they were enqueued in); claim_batch.sql gave back those left over."""
+    if not rate_tokens:
+        return [Claim(*row) for row in rows]
+    booked = {booking[0]: booking for booking in rate_tokens}
+    claims: list[Claim] = []
+    rated: dict[int, list[Sequence[Any]]] = {}
+    for row in rows:
+        if row[_DESTINATION_COLUMN] in booked:
+            rated.setdefault(row[_DESTINATION_COLUMN], []).append(row)
+        else:
+            claims.append(Claim(*row))
+    for destination, destination_rows in rated.items():
+        _, _, first_send_at, statement_at = booked[destination]
+        first_delay_s = (first_send_at - statement_at).total_seconds()
+        interval_s = 1 / destination_rows[0][_RATE_LIMIT_COLUMN]
+        destination_rows.sort(key=lambda row: row[0])
+        for k, row in enumerate(destination_rows):
+            offset_s = k * interval_s
+            claims.append(Claim(*row, first_send_at + dt.timedelta(seconds=offset_s),
+                                first_delay_s + offset_s))
+    return claims
+
+
+# Where claim_batch.sql's rows (Claim's fields, in order) have these.
+_DESTINATION_COLUMN = Claim.__struct_fields__.index("destination_id")
+_RATE_LIMIT_COLUMN = Claim.__struct_fields__.index("rate_limit")
 
 
 def rate_token_params(limit: int, skip_destinations: Sequence[int] = ()) -> tuple[object, ...]:
@@ -178,7 +220,7 @@ def claim_batch(
             worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations, tokens
         )
         rows = _run(conn, queries.CLAIM_BATCH, params).fetchall()
-    return [Claim(*row) for row in rows]
+    return claims_from_rows(rows, tokens)
 
 
 def record_results(

@@ -18,6 +18,7 @@ from engine.queue import (
     Result,
     _run_async,
     claim_params,
+    claims_from_rows,
     rate_token_params,
     record_params,
 )
@@ -49,7 +50,7 @@ async def claim_batch(
             worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations, tokens
         )
         claimed = await _run_async(conn, queries.CLAIM_BATCH, params)
-    return [Claim(*row) for row in await claimed.fetchall()]
+    return claims_from_rows(await claimed.fetchall(), tokens)
 
 
 async def record_results(

@@ -39,6 +39,7 @@ from engine.oplog import Outage, log_event
 from engine.queries import NOTIFY_CHANNEL
 from engine.queue import BreakerSettings, Claim, Result, worker_id
 from engine.retry import retry_delay
+from engine.send_pacing import SEND_AT_ONCE_S, SendSchedule
 from engine.signing import build_headers
 
 CLAIM_CAP = 500  # most rows one claim takes
@@ -60,7 +61,8 @@ MAX_RETRY_AFTER_S = 3600.0
 STORED_BODY_BYTES = 4096
 SWEEP_INTERVAL_S = 1.0
 # After a claim with rate-limited deliveries, the next claim comes within a token's time,
-# bounded: often enough that a full bucket (one second's worth) never overflows.
+# bounded: often enough that the second of send times a claim books ahead never runs out
+# (take_rate_tokens.sql).
 RATE_RECHECK_MIN_S = 0.05
 RATE_RECHECK_MAX_S = 0.5
 # A claim waiting for its destination's max_in_flight must still be sent within its
@@ -137,6 +139,8 @@ class DeliveryWorker:
         # near zero, and a worker whose slots are all busy leaves the backlog to others.
         self.prefetch = 0
         self.ready: deque[tuple[Claim, float]] = deque()
+        # Rate-limited claims waiting for their booked send time (take_rate_tokens.sql).
+        self.paced = SendSchedule(self._send_paced)
         self.answered = 0  # requests answered so far
         self.destinations: dict[int, _DestinationSlots] = {}
         self.results: list[Result] = []
@@ -201,6 +205,9 @@ class DeliveryWorker:
             await claimer
         sweeper.cancel()
         unsent = 0
+        for claim in self.paced.take_all():
+            self._release(claim)
+            unsent += 1
         for waiting in self._waiting_queues():
             while waiting:
                 claim, _ = waiting.popleft()
@@ -311,13 +318,20 @@ class DeliveryWorker:
             self.metrics.in_flight.set(self.sending)
 
     def _recheck_rate_limited(self, claims: list[Claim]) -> None:
-        """Claim again soon after serving a rate-limited destination: its tokens refill
-        while this worker would otherwise wait for the poll interval, and a bucket that
-        fills up wastes what it cannot hold (take_rate_tokens.sql)."""
+        """Claim again soon after serving a rate-limited destination: it can book more
+        send times while this worker would otherwise wait for the poll interval, and a
+        second that passes unbooked is lost to the limit (take_rate_tokens.sql). Also
+        while this worker still holds booked claims, though this claim booked none (its
+        destination was booked a second ahead, or another claimer held it): else the
+        booked second could run out before the poll."""
         fastest = max((c.rate_limit for c in claims if c.rate_limit is not None), default=None)
         if fastest is not None:
             wait = min(RATE_RECHECK_MAX_S, max(RATE_RECHECK_MIN_S, 1 / fastest))
-            self.retry_due = min(self.retry_due, time.monotonic() + wait)
+        elif self.paced:
+            wait = RATE_RECHECK_MAX_S
+        else:
+            return
+        self.retry_due = min(self.retry_due, time.monotonic() + wait)
 
     def _claim_outlived_lease(self, took_s: float) -> bool:
         """A claim that took this long may have committed long before its answer came
@@ -378,10 +392,21 @@ class DeliveryWorker:
                 )
                 continue
             self.held += 1
-            if self.sending < self.capacity:
+            if claim.send_delay_s > SEND_AT_ONCE_S:
+                self.paced.hold(claim, now)
+            elif self.sending < self.capacity:
                 self._route(claim, now)
             else:
                 self.ready.append((claim, now))
+
+    def _send_paced(self, claim: Claim, since: float) -> None:
+        """A rate-limited claim's send time has come: on as any other claim."""
+        if self.stopping:
+            self._release(claim)
+        elif self.sending < self.capacity:
+            self._route(claim, since)
+        else:
+            self.ready.append((claim, since))
 
     def _route(self, claim: Claim, since: float) -> None:
         """Start a claim, or queue it behind its destination's max_in_flight."""

@@ -5,8 +5,9 @@
 --   $6 destination ids bigint[] this worker wants none of now: its requests to them are
 --      piling up unanswered (a dead or very slow endpoint), so more of their deliveries
 --      would only take the slots of healthy destinations. The scans walk past their rows.
---   $7 rate-limited destination ids bigint[], $8 tokens int[]: what take_rate_tokens.sql
---      just took for each in this transaction (its row is locked by us until we commit)
+--   $7 rate-limited destination ids bigint[], $8 tokens int[]: the send times
+--      take_rate_tokens.sql just booked for each in this transaction (its row is locked by
+--      us until we commit)
 --
 -- FOR UPDATE OF d SKIP LOCKED: lock only delivery rows. Without OF, the destination row
 -- would be locked too, and every other claimer would skip all of that destination's
@@ -49,8 +50,9 @@
 -- anyway. A probe takes no slot (its destination is not locked; it is one delivery).
 --
 -- Destinations with a rate_limit take their deliveries only through `rated`: at most the
--- tokens take_rate_tokens.sql took for them earlier in this transaction ($7/$8), and what
--- is left over goes back to their bucket in the same statement (`rate_tokens_returned`).
+-- tokens (send times) take_rate_tokens.sql booked for them earlier in this transaction
+-- ($7/$8), and what is left over goes back in the same statement (`rate_tokens_returned`,
+-- which also takes the slots of those that are capped too).
 -- The plain scans and `capped` skip them (`dest.rate_limit IS NULL`, again a filter on a
 -- row the join reads anyway).
 WITH probed_destinations AS (
@@ -114,19 +116,23 @@ WITH probed_destinations AS (
      ORDER BY next_attempt_at
      LIMIT $2 - (SELECT count(*) FROM probe)
 ), rate_tokens_returned AS (
-    -- Tokens taken but not used (fewer due deliveries, the batch full) go back. The row
+    -- Send times booked but not used (fewer due deliveries, the batch full) go back: the
+    -- next send time moves back 1/rate for each, to just after the last one used. The row
     -- was updated by this transaction's take_rate_tokens.sql, which still holds it, so
-    -- this snapshot sees its current version.
+    -- this snapshot sees its current version. A row is updated once per statement, so the
+    -- slots of a destination both rated and capped ($5) are taken here too, and
+    -- `slots_taken` leaves it alone (else its unused send times could not go back).
     UPDATE destinations dest
-       SET rate_tokens = dest.rate_tokens + r.tokens - r.used
+       SET rate_next_send_at = dest.rate_next_send_at
+                               - make_interval(secs => (r.tokens - r.used) / dest.rate_limit),
+           in_flight = dest.in_flight
+                       + CASE WHEN dest.id = ANY ($5::bigint[]) THEN r.used ELSE 0 END
       FROM (SELECT t.destination_id, t.tokens,
                    (SELECT count(*) FROM rated x WHERE x.destination_id = t.destination_id)
                        AS used
               FROM unnest($7::bigint[], $8::int[]) AS t(destination_id, tokens)) r
-     WHERE dest.id = r.destination_id AND r.used < r.tokens
-       -- A capped one's row is updated by `slots_taken`, and a row is updated once per
-       -- statement: its unused tokens are not returned (it is under-used, never over).
-       AND dest.id <> ALL ($5::bigint[])
+     WHERE dest.id = r.destination_id
+       AND (r.used < r.tokens OR (r.used > 0 AND dest.id = ANY ($5::bigint[])))
 ), room AS (
     SELECT $2 - count(*) - (SELECT count(*) FROM rated) AS n FROM probe
 ), capped AS (
@@ -219,7 +225,9 @@ WITH probed_destinations AS (
     UPDATE destinations dest
        SET in_flight = dest.in_flight + t.n
       FROM (SELECT destination_id, count(*) AS n FROM claimed
-             WHERE holds_slot GROUP BY destination_id) t
+             WHERE holds_slot
+               AND destination_id <> ALL ($7::bigint[])  -- rate_tokens_returned's
+             GROUP BY destination_id) t
      WHERE dest.id = t.destination_id
 )
 SELECT c.id, c.event_id, c.destination_id, c.attempt,
