@@ -65,6 +65,12 @@ SWEEP_INTERVAL_S = 1.0
 # (take_rate_tokens.sql).
 RATE_RECHECK_MIN_S = 0.05
 RATE_RECHECK_MAX_S = 0.5
+# A rate-limited claim not sent this long after its booked time (a busy loop, slots full)
+# is released instead: back to pending, the attempt undone, booked again by a later claim.
+# Sent late, it would bunch with the sends booked after it; the bound (rate x 10 + one
+# burst of the rate in any 10 s window) leaves a second for lateness (take_rate_tokens.sql),
+# and half of it is kept for the network and the receiver.
+RATE_LATE_S = 0.5
 # A claim waiting for its destination's max_in_flight must still be sent within its
 # lease: it is released once less than its timeout plus this margin is left.
 LEASE_SAFETY_MS = 10_000
@@ -400,16 +406,21 @@ class DeliveryWorker:
                 self.ready.append((claim, now))
 
     def _send_paced(self, claim: Claim, since: float) -> None:
-        """A rate-limited claim's send time has come: on as any other claim."""
+        """A rate-limited claim's send time has come: on as any other claim, but ahead of
+        those waiting for a free slot (claims prefetched meanwhile would make it late)."""
         if self.stopping:
             self._release(claim)
         elif self.sending < self.capacity:
             self._route(claim, since)
         else:
-            self.ready.append((claim, since))
+            self.ready.appendleft((claim, since))
 
     def _route(self, claim: Claim, since: float) -> None:
         """Start a claim, or queue it behind its destination's max_in_flight."""
+        if (claim.send_at is not None
+                and time.monotonic() - since - claim.send_delay_s > RATE_LATE_S):
+            self._release(claim)  # too late for its booked send time
+            return
         slots = self.destinations.get(claim.destination_id)
         if slots is None:
             slots = self.destinations[claim.destination_id] = _DestinationSlots()

@@ -43,10 +43,12 @@ def window_counts(times_ms: list[int]) -> list[int]:
 def test_rate_limit_bounds_hold_across_worker_processes(
     conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path  # noqa: F811
 ) -> None:
-    with FakeDestination() as fake:
+    # The busy destination is another server: one Node process answering both would stamp
+    # the limited one's requests late by its queue of the other's, whoever sent them.
+    with FakeDestination() as fake, FakeDestination() as other:
         limited = add_destination(conn, url=fake.url("fast/limited"), rate_limit=RATE)
         warm_up = add_destination(conn, url=fake.url("fast/warm-up"))
-        busy = add_destination(conn, url=fake.url("fast/busy"))
+        busy = add_destination(conn, url=other.url("fast/busy"))
         with engine(dsn, tmp_path, config, "--procs", "3"):
             # A running engine gets the backlog: its start (imports, connections, three
             # processes at once) is not what the limit is about. The limited destination
