@@ -31,7 +31,7 @@ LIMITED = 320
 UNLIMITED = 300
 # Longer than a one-second bucket takes to fill.
 IDLE_S = 1.5
-BUSY = 3000  # fast deliveries elsewhere, enqueued with the limited backlog
+BUSY = 1000  # fast deliveries elsewhere, enqueued with the limited backlog
 
 
 def window_counts(times_ms: list[int]) -> list[int]:
