@@ -142,7 +142,7 @@ def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
     share of the slots (an eighth), so the healthy backlog drains long before the first of
     the hanging requests times out."""
     capacity = 64
-    share = capacity // 8  # engine/worker.py SLOW_SHARE
+    share = capacity // 8  # engine/worker/claim_policy.py SLOW_SHARE
     with FakeDestination(extra_args=["--keep", "0"]) as fake, Engine(
         dsn, tmp_path, "--procs", "1", "--max-in-flight", str(capacity),
         "--bind", "127.0.0.1:0", "--allow-private-targets", "--drain-deadline", "1",
