@@ -39,7 +39,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine import queries
-from engine.queue import Result
+from engine.domain import Result
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -4,20 +4,30 @@ transaction; none of them holds a connection while anything but the database wor
 from __future__ import annotations
 
 import datetime as dt
-import os
-import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import msgspec
-from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor
+from psycopg import AsyncConnection, Connection
 
 from engine import queries
+from engine.database import (
+    repeat_until_short,
+    repeat_until_short_async,
+    run_statement,
+    run_statement_async,
+)
+from engine.domain import (
+    OUTCOMES,
+    BreakerSettings,
+    Claim,
+    EventIn,
+    Result,
+    worker_id,
+)
 
-# Breaker defaults (SPEC): open after 5 consecutive failures, pause 30 s doubling to 1 h.
-BREAKER_THRESHOLD = 5
-BREAKER_BASE_PAUSE_MS = 30_000
-BREAKER_MAX_PAUSE_MS = 3_600_000
+# Re-exported: tests, bench and tools name the domain types through engine.queue.
+__all__ = ["BreakerSettings", "Claim", "EventIn", "Result", "worker_id"]
+
 # pg_advisory_xact_lock(class, destination id) key space: "changing this destination's
 # slot count or breaker" (claims for a capped destination, result writes, the reaper: see
 # lock_capped_destinations.sql and record_results.sql). Two-int keys never collide with the
@@ -28,91 +38,7 @@ BREAKER_LOCK_CLASS = 0x656E68
 CAPPED_CLAIM_LOCK_CLASS = BREAKER_LOCK_CLASS
 RETURN_BATCH = 1000
 REPLAY_BATCH = 500
-
-
-def _run(conn: Connection, statement: bytes, params: Sequence[object]) -> RawCursor:
-    """Execute one of our .sql files: they use PostgreSQL's own $n placeholders."""
-    cursor = RawCursor(conn)
-    cursor.execute(statement, params)
-    return cursor
-
-
-async def _run_async(
-    conn: AsyncConnection, statement: bytes, params: Sequence[object]
-) -> AsyncRawCursor:
-    """`_run` for the asyncio side (ingress): the same statements and parameters."""
-    cursor = AsyncRawCursor(conn)
-    await cursor.execute(statement, params)
-    return cursor
-
-
-def worker_id(tag: str = "", pid: int | None = None) -> str:
-    """`host:pid` (plus a tag), so an operator can tell whose claim a row is. A supervisor
-    passes a child's `pid` to name that child's claims."""
-    base = f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
-    return f"{base}:{tag}" if tag else base
-
-
-class Claim(msgspec.Struct, frozen=True, gc=False):
-    """One claimed delivery with all a worker needs to send it. gc=False (here, in Result
-    and HttpResult): made per delivery and never in a reference cycle, so the cyclic
-    collector need not track them, and a worker's collections stay short."""
-
-    id: int
-    event_id: int
-    destination_id: int
-    attempt: int
-    url: str
-    timeout_ms: int
-    secrets: list[str]
-    payload: str
-    max_in_flight: int | None = None  # the destination's cap on concurrent requests
-    headers: dict[str, str] | None = None  # the destination's static extra headers
-    retry_schedule: list[float] | None = None  # its own retry delays (seconds), if any
-    rate_limit: float | None = None  # its requests per second, if limited
-    claim_token: int | None = None  # names this claim; its results carry it (schema/009)
-
-
-OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
-
-
-class Result(msgspec.Struct, frozen=True, gc=False):
-    """The outcome of one attempt. `next_attempt_at` is set for 'retry' and 'gone'.
-    A Struct, not a dataclass: a worker makes one per delivery (several times cheaper)."""
-
-    id: int
-    attempt: int
-    outcome: str
-    started_at: dt.datetime
-    duration_ms: int | None = None
-    status_code: int | None = None
-    error: str | None = None
-    body: str | None = None
-    next_attempt_at: dt.datetime | None = None
-    # The claim's token: the result applies only while that claim is the current one.
-    claim_token: int | None = None
-
-
 _RESULTS_ENCODER = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True)
-class BreakerSettings:
-    threshold: int = BREAKER_THRESHOLD
-    base_pause_ms: int = BREAKER_BASE_PAUSE_MS
-    max_pause_ms: int = BREAKER_MAX_PAUSE_MS
-
-
-@dataclass
-class EventIn:
-    """One event to enqueue. `destination_ids` None means fan out by event type."""
-
-    type: str
-    payload: str
-    destination_ids: Sequence[int] | None = None
-    ordering_key: str | None = None
-    idempotency_key: str | None = None
-    request_hash: bytes | None = None
 
 
 def claim_params(
@@ -168,16 +94,16 @@ def claim_batch(
     with conn.transaction():
         # Two statements: the claim's snapshot must be taken after the capped
         # destinations' locks (see lock_capped_destinations.sql).
-        capped = [row[0] for row in _run(
+        capped = [row[0] for row in run_statement(
             conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
         ).fetchall()]
-        tokens = _run(
+        tokens = run_statement(
             conn, queries.TAKE_RATE_TOKENS, rate_token_params(limit, skip_destinations)
         ).fetchall()
         params = claim_params(
             worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations, tokens
         )
-        rows = _run(conn, queries.CLAIM_BATCH, params).fetchall()
+        rows = run_statement(conn, queries.CLAIM_BATCH, params).fetchall()
     return [Claim(*row) for row in rows]
 
 
@@ -191,38 +117,34 @@ def record_results(
         return 0
     params = record_params(worker, results, breaker)
     with conn.transaction():
-        row = _run(conn, queries.RECORD_RESULTS, params).fetchone()
+        row = run_statement(conn, queries.RECORD_RESULTS, params).fetchone()
     return int(row[0]) if row else 0
 
 
 def release_claims(conn: Connection, worker: str, max_attempts: int) -> int:
     """Return every claim of `worker` (a process that died) to pending at once."""
-    return _return_claims(conn, worker, False, "worker exited", max_attempts)
+    return return_claims(conn, worker, False, "worker exited", max_attempts)
 
 
-def reap_expired(conn: Connection, max_attempts: int) -> int:
-    """Return claims whose lease ran out (a lost host) to pending."""
-    return _return_claims(conn, None, True, "lease expired", max_attempts)
-
-
-def _return_claims(
+def return_claims(
     conn: Connection, worker: str | None, only_expired: bool, reason: str, max_attempts: int
 ) -> int:
-    total = 0
+    """Return claims to pending, RETURN_BATCH per transaction: every claim of `worker`
+    (None: any holder), or only those whose lease ran out."""
     params = return_params(worker, only_expired, reason, max_attempts)
-    while True:
+
+    def one_batch() -> int:
         with conn.transaction():
-            row = _run(conn, queries.RETURN_CLAIMS, params).fetchone()
-        moved = int(row[0]) + int(row[1]) if row else 0
-        total += moved
-        if moved < RETURN_BATCH:
-            return total
+            row = run_statement(conn, queries.RETURN_CLAIMS, params).fetchone()
+        return int(row[0]) + int(row[1]) if row else 0
+
+    return repeat_until_short(one_batch, RETURN_BATCH)[0]
 
 
 def replay_delivery(conn: Connection, delivery_id: int) -> bool:
     """Put one delivery back as a first attempt; False if it is in flight or unknown."""
     with conn.transaction():
-        row = _run(conn, queries.REPLAY_DELIVERY, (delivery_id,)).fetchone()
+        row = run_statement(conn, queries.REPLAY_DELIVERY, (delivery_id,)).fetchone()
     return row is not None
 
 
@@ -234,14 +156,13 @@ def replay_dead(
     with conn.transaction():
         started = conn.execute("SELECT now()").fetchone()
     until = started[0] if started else None
-    total = 0
-    while True:
+    params = (destination_id, since, until, batch)
+
+    def one_batch() -> int:
         with conn.transaction():
-            row = _run(conn, queries.REPLAY_DEAD, (destination_id, since, until, batch))
-            moved = int(row.fetchone()[0])
-        total += moved
-        if moved < batch:
-            return total
+            return int(run_statement(conn, queries.REPLAY_DEAD, params).fetchone()[0])
+
+    return repeat_until_short(one_batch, batch)[0]
 
 
 def _enqueue_params(events: Sequence[EventIn]) -> tuple[list[object], ...]:
@@ -270,7 +191,7 @@ def _enqueue_answers(rows: Sequence[tuple]) -> list[tuple[int | None, int]]:
 def enqueue_events(conn: Connection, events: Sequence[EventIn]) -> list[tuple[int | None, int]]:
     """Insert events and their deliveries in one statement, inside the caller's transaction.
     Returns (event id, delivery count) per event; id None where the idempotency key exists."""
-    rows = _run(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events)).fetchall()
+    rows = run_statement(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events)).fetchall()
     return _enqueue_answers(rows)
 
 
@@ -279,14 +200,14 @@ async def enqueue_events_async(
 ) -> list[tuple[int | None, int]]:
     """`enqueue_events` on an asyncio connection. In autocommit the statement is its own
     transaction: one round trip, committed when it returns."""
-    cursor = await _run_async(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events))
+    cursor = await run_statement_async(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events))
     return _enqueue_answers(await cursor.fetchall())
 
 
 async def replay_delivery_async(conn: AsyncConnection, delivery_id: int) -> bool:
     """`replay_delivery` on an asyncio connection."""
     async with conn.transaction():
-        cursor = await _run_async(conn, queries.REPLAY_DELIVERY, (delivery_id,))
+        cursor = await run_statement_async(conn, queries.REPLAY_DELIVERY, (delivery_id,))
         row = await cursor.fetchone()
     return row is not None
 
@@ -300,14 +221,12 @@ async def replay_dead_async(
         cursor = await conn.execute("SELECT now()")
         started = await cursor.fetchone()
     until = started[0] if started else None
-    total = 0
-    while True:
+    params = (destination_id, since, until, batch)
+
+    async def one_batch() -> int:
         async with conn.transaction():
-            cursor = await _run_async(
-                conn, queries.REPLAY_DEAD, (destination_id, since, until, batch)
-            )
+            cursor = await run_statement_async(conn, queries.REPLAY_DEAD, params)
             row = await cursor.fetchone()
-        moved = int(row[0]) if row else 0
-        total += moved
-        if moved < batch:
-            return total
+        return int(row[0]) if row else 0
+
+    return await repeat_until_short_async(one_batch, batch)

@@ -231,7 +231,7 @@ def test_claim_leaves_out_destinations_a_worker_skips(conn: psycopg.Connection) 
 
 
 def test_open_breakers_backlog_moves_out_of_the_claims_way(conn: psycopg.Connection) -> None:
-    from engine.maintenance import defer_open_breakers
+    from engine.maintenance.breaker_defer import defer_open_breakers
 
     dead = add_destination(conn)
     probing = add_destination(conn)

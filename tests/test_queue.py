@@ -8,6 +8,7 @@ import psycopg
 import pytest
 
 from engine import queue
+from engine.maintenance.reaper import reap_expired
 from engine.queue import EventIn, Result
 
 LEASE_MS = 60_000
@@ -151,7 +152,7 @@ def test_reap_returns_only_expired_claims(conn: psycopg.Connection) -> None:
     short = queue.claim_batch(conn, "w1", 1, lease_ms=1)
     long = queue.claim_batch(conn, "w2", 1, LEASE_MS)
     conn.execute("SELECT pg_sleep(0.01)")
-    assert queue.reap_expired(conn, max_attempts=10) == 1
+    assert reap_expired(conn, max_attempts=10) == 1
     assert statuses(conn) == {short[0].id: "pending", long[0].id: "in_flight"}
 
 

@@ -32,13 +32,14 @@ from psycopg.types.array import ListBinaryDumper
 from psycopg.types.string import StrBinaryDumper
 
 from engine import queue
+from engine.database import run_statement_async
+from engine.domain import EventIn
 from engine.ingress import errors
 from engine.ingress.errors import ApiError
 from engine.ingress.schemas import EventAccepted
 from engine.liveness import closed_by_server
 from engine.oplog import Outage
 from engine.queries import NOTIFY_CHANNEL
-from engine.queue import EventIn
 
 if TYPE_CHECKING:
     from engine.ingress.dbgate import DatabaseGate
@@ -293,7 +294,7 @@ class Committer:
         if listed:
             # Refused before anything is written. A destination deleted between this check
             # and the insert simply gets no delivery (the insert skips deleted ones).
-            cursor = await queue._run_async(conn, _FIND_DESTINATIONS, (list(listed),))
+            cursor = await run_statement_async(conn, _FIND_DESTINATIONS, (list(listed),))
             found = {row[0] for row in await cursor.fetchall()}
             for submission in batch:
                 unknown = sorted(
@@ -344,7 +345,7 @@ class Committer:
         }
         first_answers: dict[str, tuple[int, int, bytes]] = {}
         if repeated:
-            cursor = await queue._run_async(conn, _FIND_KEYS, (list(repeated),))
+            cursor = await run_statement_async(conn, _FIND_KEYS, (list(repeated),))
             for key, event_id, count, request_hash in await cursor.fetchall():
                 first_answers[key] = (event_id, count, bytes(request_hash or b""))
         results: dict[Submission, list[EventAccepted]] = {}

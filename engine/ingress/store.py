@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 from psycopg import AsyncConnection
 
-from engine import queue
+from engine.database import run_statement_async
 from engine.destination_options import format_duration
 from engine.ingress.schemas import Attempt, Delivery, DeliveryDetail, Destination, Event
 
@@ -167,12 +167,12 @@ def _destination(row: tuple, with_secret: bool = False) -> Destination:
 
 
 async def _fetchone(conn: AsyncConnection, statement: bytes, params: tuple) -> tuple | None:
-    cursor = await queue._run_async(conn, statement, params)
+    cursor = await run_statement_async(conn, statement, params)
     return await cursor.fetchone()
 
 
 async def _fetchall(conn: AsyncConnection, statement: bytes, params: tuple) -> list[tuple]:
-    cursor = await queue._run_async(conn, statement, params)
+    cursor = await run_statement_async(conn, statement, params)
     return await cursor.fetchall()
 
 

@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 
-from engine.queue import Claim, Result
+from engine.domain import Claim, Result
 from engine.worker.outcome import utcnow
 from engine.worker.recorder import FLUSH_SIZE
 from engine.worker.slots import LEASE_SAFETY_MS, DestinationSlots

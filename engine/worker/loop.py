@@ -21,10 +21,10 @@ from psycopg.errors import IdleInTransactionSessionTimeout
 
 from engine import queue_async
 from engine.config import Settings
+from engine.domain import BreakerSettings, Claim, Result, worker_id
 from engine.http_client import CurlPool, HttpResult
 from engine.metrics import count_results, instruments
 from engine.oplog import Outage, log_event
-from engine.queue import BreakerSettings, Claim, Result, worker_id
 from engine.signing import build_headers
 from engine.worker import outcome
 from engine.worker.claim_policy import ClaimPolicy, claim_outlived_lease

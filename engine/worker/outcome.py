@@ -11,8 +11,8 @@ import datetime as dt
 import random
 from collections.abc import Callable, Sequence
 
+from engine.domain import Claim, Result
 from engine.http_client import HttpResult
-from engine.queue import Claim, Result
 from engine.retry import retry_delay
 
 MAX_RETRY_AFTER_S = 3600.0

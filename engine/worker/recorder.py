@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 import psycopg
 
 from engine import queue_async
+from engine.domain import BreakerSettings, Result
 from engine.liveness import closed_by_server
 from engine.oplog import Outage
-from engine.queue import BreakerSettings, Result
 from engine.worker.connection import RECONNECT_DELAY_S
 
 FLUSH_SIZE = 500

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from engine.queue import Claim
+from engine.domain import Claim
 
 # A destination silent this long (no HTTP answer) while holding its share of the slots is
 # left out of claims (claim_policy.SLOW_SHARE says why).
