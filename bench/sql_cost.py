@@ -54,7 +54,7 @@ def record_round(conn: psycopg.Connection, worker: str) -> tuple[dict, dict]:
     """claim_batch of CLAIM under EXPLAIN, then record_results of what it claimed."""
     with conn.transaction():
         capped = [r[0] for r in run_statement(
-            conn, queries.LOCK_CAPPED_DESTINATIONS, (queue.CAPPED_CLAIM_LOCK_CLASS,)
+            conn, queries.LOCK_CAPPED_DESTINATIONS, queue.lock_capped_params()
         ).fetchall()]
         cursor = RawCursor(conn)
         cursor.execute(

@@ -24,6 +24,16 @@ from engine.domain import (
     Result,
     worker_id,
 )
+from engine.sql_params import (
+    ClaimBatchParams,
+    EnqueueEventsParams,
+    LockCappedDestinationsParams,
+    RecordResultsParams,
+    ReplayDeadParams,
+    ReplayDeliveryParams,
+    ReturnClaimsParams,
+    TakeRateTokensParams,
+)
 
 # Re-exported: tests, bench and tools name the domain types through engine.queue.
 __all__ = ["BreakerSettings", "Claim", "EventIn", "Result", "worker_id"]
@@ -48,15 +58,23 @@ def claim_params(
     """Parameters of claim_batch.sql (shared by the sync and async queue functions);
     `capped` is what lock_capped_destinations.sql returned in the same transaction, and
     `rate_tokens` the (destination id, tokens) rows of take_rate_tokens.sql."""
-    return (
-        worker, limit, first_attempt_reserve, lease_ms, capped, list(skip_destinations),
-        [destination for destination, _ in rate_tokens], [n for _, n in rate_tokens],
+    return ClaimBatchParams(
+        worker_id=worker, limit=limit, first_attempt_reserve=first_attempt_reserve,
+        lease_ms=lease_ms, capped_destination_ids=capped,
+        destination_ids=list(skip_destinations),
+        rate_limited_destination_ids=[destination for destination, _ in rate_tokens],
+        tokens=[n for _, n in rate_tokens],
     )
 
 
 def rate_token_params(limit: int, skip_destinations: Sequence[int] = ()) -> tuple[object, ...]:
     """Parameters of take_rate_tokens.sql."""
-    return (limit, list(skip_destinations))
+    return TakeRateTokensParams(limit=limit, destination_ids=list(skip_destinations))
+
+
+def lock_capped_params() -> tuple[object, ...]:
+    """Parameters of lock_capped_destinations.sql."""
+    return LockCappedDestinationsParams(advisory_lock_class=CAPPED_CLAIM_LOCK_CLASS)
 
 
 def record_params(
@@ -67,14 +85,14 @@ def record_params(
     for r in results:
         if r.outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {r.outcome!r}")
-    return (
-        worker,
-        _RESULTS_ENCODER.encode(results).decode(),
-        breaker.threshold,
-        breaker.base_pause_ms,
-        breaker.max_pause_ms,
-        BREAKER_LOCK_CLASS,
-        queries.NOTIFY_CHANNEL,
+    return RecordResultsParams(
+        worker_id=worker,
+        results=_RESULTS_ENCODER.encode(results).decode(),
+        breaker_threshold=breaker.threshold,
+        breaker_base_pause_ms=breaker.base_pause_ms,
+        breaker_max_pause_ms=breaker.max_pause_ms,
+        advisory_lock_class=BREAKER_LOCK_CLASS,
+        notification_channel=queries.NOTIFY_CHANNEL,
     )
 
 
@@ -82,7 +100,10 @@ def return_params(
     worker: str | None, only_expired: bool, reason: str, max_attempts: int
 ) -> tuple[object, ...]:
     """Parameters of return_claims.sql for one batch of at most RETURN_BATCH claims."""
-    return (worker, only_expired, reason, max_attempts, RETURN_BATCH, BREAKER_LOCK_CLASS)
+    return ReturnClaimsParams(
+        locked_by=worker, only_expired=only_expired, reason=reason, max_attempts=max_attempts,
+        batch_limit=RETURN_BATCH, advisory_lock_class=BREAKER_LOCK_CLASS,
+    )
 
 
 def claim_batch(
@@ -95,7 +116,7 @@ def claim_batch(
         # Two statements: the claim's snapshot must be taken after the capped
         # destinations' locks (see lock_capped_destinations.sql).
         capped = [row[0] for row in run_statement(
-            conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
+            conn, queries.LOCK_CAPPED_DESTINATIONS, lock_capped_params()
         ).fetchall()]
         tokens = run_statement(
             conn, queries.TAKE_RATE_TOKENS, rate_token_params(limit, skip_destinations)
@@ -144,7 +165,9 @@ def return_claims(
 def replay_delivery(conn: Connection, delivery_id: int) -> bool:
     """Put one delivery back as a first attempt; False if it is in flight or unknown."""
     with conn.transaction():
-        row = run_statement(conn, queries.REPLAY_DELIVERY, (delivery_id,)).fetchone()
+        row = run_statement(
+            conn, queries.REPLAY_DELIVERY, ReplayDeliveryParams(delivery_id=delivery_id)
+        ).fetchone()
     return row is not None
 
 
@@ -156,7 +179,8 @@ def replay_dead(
     with conn.transaction():
         started = conn.execute("SELECT now()").fetchone()
     until = started[0] if started else None
-    params = (destination_id, since, until, batch)
+    params = ReplayDeadParams(
+        destination_id=destination_id, since=since, until=until, batch_limit=batch)
 
     def one_batch() -> int:
         with conn.transaction():
@@ -172,15 +196,15 @@ def _enqueue_params(events: Sequence[EventIn]) -> tuple[list[object], ...]:
         for destination_id in event.destination_ids or ():
             target_ord.append(position)
             target_dest.append(destination_id)
-    return (
-        [e.type for e in events],
-        [e.payload for e in events],
-        [e.ordering_key for e in events],
-        [e.idempotency_key for e in events],
-        [e.request_hash for e in events],
-        [e.destination_ids is not None for e in events],
-        target_ord,
-        target_dest,
+    return EnqueueEventsParams(
+        types=[e.type for e in events],
+        payloads=[e.payload for e in events],
+        ordering_keys=[e.ordering_key for e in events],
+        idempotency_keys=[e.idempotency_key for e in events],
+        request_hashes=[e.request_hash for e in events],
+        explicit=[e.destination_ids is not None for e in events],
+        target_ord=target_ord,
+        target_destination_id=target_dest,
     )
 
 
@@ -207,7 +231,8 @@ async def enqueue_events_async(
 async def replay_delivery_async(conn: AsyncConnection, delivery_id: int) -> bool:
     """`replay_delivery` on an asyncio connection."""
     async with conn.transaction():
-        cursor = await run_statement_async(conn, queries.REPLAY_DELIVERY, (delivery_id,))
+        cursor = await run_statement_async(
+            conn, queries.REPLAY_DELIVERY, ReplayDeliveryParams(delivery_id=delivery_id))
         row = await cursor.fetchone()
     return row is not None
 
@@ -221,7 +246,8 @@ async def replay_dead_async(
         cursor = await conn.execute("SELECT now()")
         started = await cursor.fetchone()
     until = started[0] if started else None
-    params = (destination_id, since, until, batch)
+    params = ReplayDeadParams(
+        destination_id=destination_id, since=since, until=until, batch_limit=batch)
 
     async def one_batch() -> int:
         async with conn.transaction():

@@ -13,7 +13,7 @@ from psycopg import AsyncConnection
 from engine import queries
 from engine.database import run_statement_async
 from engine.domain import BreakerSettings, Claim, Result
-from engine.queue import CAPPED_CLAIM_LOCK_CLASS, claim_params, rate_token_params, record_params
+from engine.queue import claim_params, lock_capped_params, rate_token_params, record_params
 
 
 async def claim_batch(
@@ -29,7 +29,7 @@ async def claim_batch(
     async with conn.pipeline() as pipeline, conn.transaction():
         # Two statements, as in queue.claim_batch: the capped destinations' locks first.
         cursor = await run_statement_async(
-            conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
+            conn, queries.LOCK_CAPPED_DESTINATIONS, lock_capped_params()
         )
         # Rate-limit tokens in the same round trip (take_rate_tokens.sql).
         tokens_cursor = await run_statement_async(

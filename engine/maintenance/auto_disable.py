@@ -9,6 +9,7 @@ from psycopg import Connection
 
 from engine import queries
 from engine.database import run_statement
+from engine.sql_params import AutoDisableParams
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class AutoDisableReport:
 
 
 def run_once(conn: Connection, settings: AutoDisableSettings) -> AutoDisableReport:
+    params = AutoDisableParams(disable_after_seconds=settings.disable_after_s)
     with conn.transaction():
-        row = run_statement(conn, queries.AUTO_DISABLE, (settings.disable_after_s,)).fetchone()
+        row = run_statement(conn, queries.AUTO_DISABLE, params).fetchone()
     assert row is not None
     return AutoDisableReport(disabled=int(row[0]), operational_events=int(row[1]))

@@ -11,6 +11,7 @@ from psycopg import Connection
 
 from engine import queries
 from engine.database import repeat_until_short, run_statement
+from engine.sql_params import BreakerDeferParams
 
 BREAKER_DEFER_BATCH = 1000
 BREAKER_DEFER_BUDGET_S = 5.0
@@ -35,10 +36,11 @@ def defer_open_breakers(
     """Move due deliveries of open-breaker destinations to the end of their pause, a
     batch per short transaction, for at most `budget_s`."""
     deadline = time.monotonic() + budget_s
+    params = BreakerDeferParams(batch_limit=batch)
 
     def one_batch() -> int:
         with conn.transaction():
-            return run_statement(conn, queries.BREAKER_DEFER, (batch,)).rowcount
+            return run_statement(conn, queries.BREAKER_DEFER, params).rowcount
 
     return repeat_until_short(
         one_batch, batch, lambda: time.monotonic() < deadline and keep_going())[0]

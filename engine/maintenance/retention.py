@@ -12,6 +12,7 @@ from psycopg import Connection
 
 from engine import queries
 from engine.database import repeat_until_short, run_statement
+from engine.sql_params import RetentionBatchParams
 
 RETENTION_BATCH = 1000
 
@@ -51,13 +52,14 @@ def run_retention(
     report = RetentionReport(retention_days=retention_days)
     cutoff = cutoff_for(conn, retention_days)
     deadline = time.monotonic() + budget_s
+    params = RetentionBatchParams(cutoff=cutoff, batch_limit=batch)
 
     def in_budget() -> bool:
         return not (time.monotonic() > deadline or not keep_going())
 
     def finished_batch() -> int:
         with conn.transaction():
-            row = run_statement(conn, queries.RETENTION_FINISHED, (cutoff, batch)).fetchone()
+            row = run_statement(conn, queries.RETENTION_FINISHED, params).fetchone()
         removed = int(row[0]) if row else 0
         report.finished_deliveries += removed
         report.delivery_attempts += int(row[1]) if row else 0
@@ -66,7 +68,7 @@ def run_retention(
 
     def events_batch() -> int:
         with conn.transaction():
-            removed = run_statement(conn, queries.RETENTION_EVENTS, (cutoff, batch)).rowcount
+            removed = run_statement(conn, queries.RETENTION_EVENTS, params).rowcount
         report.events += removed
         report.batches += 1
         return removed
