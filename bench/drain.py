@@ -58,7 +58,7 @@ from engine.http_client import CurlPool, HttpResult  # noqa: E402
 from engine.migrate import migrate  # noqa: E402
 from engine.queries import NOTIFY_CHANNEL  # noqa: E402
 from engine.queue import EventIn  # noqa: E402
-from tests.fakedest import FakeDestination  # noqa: E402
+from tests.kit.fakedest import FakeDestination  # noqa: E402
 
 SCENARIOS = {
     # name: (deliveries, fakedest path)

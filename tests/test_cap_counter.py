@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from engine import queue
 from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, EventIn, Result
-from tests.dbserver import truncate_all
-from tests.test_queue import LEASE_MS, add_destination, now
+from tests.kit.data import LEASE_MS, add_destination, now
+from tests.kit.dbserver import truncate_all
 
 pytestmark = pytest.mark.pg_versions
 

@@ -43,8 +43,8 @@ from hypothesis.stateful import (
 from engine import queue, retry
 from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, EventIn, Result
-from tests.dbserver import truncate_all
-from tests.test_queue import add_destination
+from tests.kit.data import add_destination
+from tests.kit.dbserver import truncate_all
 
 pytestmark = pytest.mark.pg_versions
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from engine import queue
 from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, Claim, EventIn, Result
-from tests.test_queue import add_destination
+from tests.kit.data import add_destination
 
 LEASE_MS = 60_000
 MAX_ATTEMPTS = 1000  # never dead by attempts here: the guard is what is under test

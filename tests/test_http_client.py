@@ -14,7 +14,7 @@ from engine.http_client import (
     HttpResult,
     classify_error,
 )
-from tests.httpserver_helpers import (
+from tests.kit.httpserver_helpers import (
     BIG_BODY,
     ScriptedServer,
     assert_loopback,

@@ -22,7 +22,7 @@ from engine import queries, queue
 from engine.database import run_statement
 from engine.maintenance.retention import cutoff_for, run_retention
 from engine.queue import EventIn, Result
-from tests.test_queue import LEASE_MS, add_destination, now, statuses
+from tests.kit.data import LEASE_MS, add_destination, now, statuses
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = [sys.executable, "-c", "from engine.cli import main; raise SystemExit(main())"]

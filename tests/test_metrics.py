@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import metrics, queue
 from engine.queue import EventIn
-from tests.test_queue import LEASE_MS, add_destination
+from tests.kit.data import LEASE_MS, add_destination
 
 
 def samples(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

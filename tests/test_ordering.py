@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from engine import queue
 from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, EventIn, Result
-from tests.dbserver import truncate_all
-from tests.test_queue import add_destination
+from tests.kit.data import add_destination
+from tests.kit.dbserver import truncate_all
 
 MAX_ATTEMPTS = 1_000  # failures retry until they succeed: nothing dies, no gaps
 NO_BREAKER = BreakerSettings(threshold=10**6)

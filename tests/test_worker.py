@@ -11,61 +11,18 @@ from pathlib import Path
 
 import psutil
 import psycopg
-import pytest
 import uvloop
 from standardwebhooks import Webhook
 
-from engine import queue
 from engine.config import load_settings
-from engine.queue import Claim, EventIn
+from engine.queue import Claim
 from engine.signing import generate_secret
 from engine.worker import DeliveryWorker
 from engine.worker.slots import DestinationSlots
-from tests.enginerun import Engine, wait_until
-from tests.fakedest import FakeDestination
-from tests.test_queue import add_destination
-
-# Short retries so a test sees several attempts; a breaker that never opens unless a
-# test asks for it (breaker behaviour has its own tests).
-SCHEDULE = "200ms," * 8 + "200ms"
-MAX_ATTEMPTS = 10  # flaky/30 fails all ten for one delivery in 170,000
-
-
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
-    path = tmp_path / "engine.toml"
-    path.write_text("breaker_threshold = 1000\n")
-    return path
-
-
-def engine(dsn: str, tmp_path: Path, config: Path, *args: str) -> Engine:
-    return Engine(
-        dsn, tmp_path, "--config", str(config), "--allow-private-targets",
-        "--retry-schedule", SCHEDULE, "--bind", "127.0.0.1:0", *args,
-    )
-
-
-def enqueue(conn: psycopg.Connection, payloads: list[str], destinations: list[int]) -> list[int]:
-    with conn.transaction():
-        answers = queue.enqueue_events(
-            conn, [EventIn("test.event", p, destinations) for p in payloads]
-        )
-    return [int(event_id) for event_id, _ in answers if event_id is not None]
-
-
-def finished(conn: psycopg.Connection, destination: int, status: str = "delivered") -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM finished_deliveries WHERE destination_id = %s AND status = %s",
-        [destination, status],
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def count(conn: psycopg.Connection, query: str, *params: object) -> int:
-    row = conn.execute(query, params).fetchone()
-    assert row is not None
-    return int(row[0])
+from tests.kit.data import add_destination, count, enqueue, finished
+from tests.kit.enginerun import Engine, wait_until
+from tests.kit.fakedest import FakeDestination
+from tests.kit.workers import MAX_ATTEMPTS, SCHEDULE, engine
 
 
 def test_delivers_signed_through_fast_slow_flaky_and_dead_destinations(
