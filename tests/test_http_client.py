@@ -9,11 +9,8 @@ import pytest
 import uvloop
 
 from engine import targets
-from engine.http_client import (
-    CurlPool,
-    HttpResult,
-    classify_error,
-)
+from engine.http_client import CurlPool, HttpResult
+from engine.http_transfer import classify_error
 from tests.kit.httpserver_helpers import (
     BIG_BODY,
     ScriptedServer,
