@@ -77,7 +77,8 @@ def targets(name: str, args: argparse.Namespace) -> list[Target]:
 BENCH_DB = "engine_bench_drain"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ENQUEUE_BATCH = 5000
-# Requests sent to a fresh fake destination before the engine starts (see warm_destination).
+# Requests sent to a fresh fake destination before the engine starts (see warm_destination;
+# docs/decisions/0007-drain-bench-warms-connections.md).
 WARM_REQUESTS = 20_000
 # The name the engine's own warm-up deliveries go to (see --engine-warm).
 ENGINE_WARM_NAME = "engine-warm-up"

@@ -27,7 +27,8 @@ def worker_id(tag: str = "", pid: int | None = None) -> str:
 class Claim(msgspec.Struct, frozen=True, gc=False):
     """One claimed delivery with all a worker needs to send it. gc=False (here, in Result
     and HttpResult): made per delivery and never in a reference cycle, so the cyclic
-    collector need not track them, and a worker's collections stay short."""
+    collector need not track them, and a worker's collections stay short
+    (docs/decisions/0011-callbacks-and-untracked-structs-per-delivery.md)."""
 
     id: int
     event_id: int

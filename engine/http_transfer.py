@@ -65,7 +65,8 @@ class HttpResult(msgspec.Struct, gc=False):
 
 # Called once per request from the event loop with its result, or with None when the pool
 # is closed first. A plain callback, not a future: a future, its done-callback and the
-# loop's call_soon cost a worker several microseconds per delivery.
+# loop's call_soon cost a worker several microseconds per delivery
+# (docs/decisions/0011-callbacks-and-untracked-structs-per-delivery.md).
 OnDone = Callable[[HttpResult | None], None]
 
 

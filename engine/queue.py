@@ -133,7 +133,9 @@ def record_results(
     breaker: BreakerSettings | None = None,
 ) -> int:
     """Apply many attempt outcomes in one statement; returns how many still belonged to
-    `worker` (the rest were reaped or released meanwhile and change nothing)."""
+    `worker` (the rest were reaped or released meanwhile and change nothing). Finished
+    deliveries move to finished_deliveries in the same statement
+    (docs/decisions/0001-move-deliveries-at-completion.md)."""
     if not results:
         return 0
     params = record_params(worker, results, breaker)

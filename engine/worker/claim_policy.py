@@ -48,7 +48,8 @@ class ClaimPolicy:
         # fast destination the claims, not the HTTP, are what the slots wait for (a claim
         # of 500 takes 8-30 ms on a busy machine, its requests are answered sooner): the
         # next batch is then here when an answer frees a slot. With slow answers it stays
-        # near zero, and a worker whose slots are all busy leaves the backlog to others.
+        # near zero, and a worker whose slots are all busy leaves the backlog to others
+        # (docs/decisions/0010-adaptive-prefetch.md).
         self.prefetch = 0
         self.slow_share = max(1, int(capacity * SLOW_SHARE))
         self.leave_out_slow = True  # False right after a claim that left them out was empty
