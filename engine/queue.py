@@ -179,7 +179,7 @@ def replay_dead(
 ) -> int:
     """Replay every dead delivery of a destination (since a time) in bounded batches."""
     with conn.transaction():
-        started = conn.execute("SELECT now()").fetchone()
+        started = run_statement(conn, queries.DATABASE_NOW, ()).fetchone()
     until = started[0] if started else None
     params = ReplayDeadParams(
         destination_id=destination_id, since=since, until=until, batch_limit=batch)
@@ -245,7 +245,7 @@ async def replay_dead_async(
 ) -> int:
     """`replay_dead` on an asyncio connection: bounded batches, each its own transaction."""
     async with conn.transaction():
-        cursor = await conn.execute("SELECT now()")
+        cursor = await run_statement_async(conn, queries.DATABASE_NOW, ())
         started = await cursor.fetchone()
     until = started[0] if started else None
     params = ReplayDeadParams(

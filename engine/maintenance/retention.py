@@ -36,9 +36,7 @@ class RetentionReport:
 
 
 def cutoff_for(conn: Connection, retention_days: float) -> dt.datetime:
-    row = conn.execute(
-        "SELECT now() - make_interval(secs => %s)", [retention_days * 86400.0]
-    ).fetchone()
+    row = run_statement(conn, queries.RETENTION_CUTOFF, (retention_days * 86400.0,)).fetchone()
     assert row is not None
     return row[0]
 
