@@ -309,7 +309,7 @@ class DeliveryWorker:
             if response.status_code is not None:
                 self.policy.answered_at[claim.destination_id] = time.monotonic()
             result = outcome.response_result(claim, response, self.settings.retry_schedule)
-        self.recorder.add(result, returns_slot=claim.max_in_flight is not None)
+        self.recorder.add(result, returns_slot=claim.fills_cap)
         self._finished(slots, claim.destination_id)
 
     def _finished(self, slots: DestinationSlots, destination_id: int) -> None:
