@@ -13,11 +13,11 @@ from standardwebhooks import Webhook
 
 from engine.operational_events import EVENT_TYPES
 from engine.signing import generate_secret
-from tests.enginerun import Engine, wait_until
-from tests.fakedest import FakeDestination
-from tests.ingress_server import IngressProcess
-from tests.test_queue import add_destination
-from tests.test_worker import SCHEDULE, count, enqueue
+from tests.kit.data import add_destination, count, enqueue
+from tests.kit.enginerun import Engine, wait_until
+from tests.kit.fakedest import FakeDestination
+from tests.kit.ingress_server import IngressProcess
+from tests.kit.workers import SCHEDULE
 
 
 def engine_with(dsn: str, tmp_path: Path, settings: str) -> Engine:

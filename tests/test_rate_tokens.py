@@ -11,8 +11,7 @@ import time
 import psycopg
 
 from engine import queue, queue_async
-from tests.test_queue import add_destination
-from tests.test_worker import enqueue
+from tests.kit.data import add_destination, enqueue
 
 RATE = 20.0
 SECONDS = 2.5
