@@ -40,7 +40,7 @@ from drain import PAYLOAD, SECRET, fresh_database  # noqa: E402
 from engine import queue  # noqa: E402
 from engine.embedded import ensure_server  # noqa: E402
 from engine.queue import EventIn  # noqa: E402
-from tests.fakedest import FakeDestination  # noqa: E402
+from tests.kit.fakedest import FakeDestination  # noqa: E402
 
 ENQUEUE_BATCH = 5000
 DEAD_TIMEOUT_MS = 10_000

@@ -62,7 +62,7 @@ from engine.http_client import CurlPool, HttpResult  # noqa: E402
 from engine.migrate import migrate  # noqa: E402
 from engine.queries import NOTIFY_CHANNEL  # noqa: E402
 from engine.queue import EventIn  # noqa: E402
-from tests.fakedest import FakeDestination  # noqa: E402
+from tests.kit.fakedest import FakeDestination  # noqa: E402
 
 SCENARIOS = {
     # name: (deliveries, fakedest path)
@@ -81,7 +81,8 @@ def targets(name: str, args: argparse.Namespace) -> list[Target]:
 BENCH_DB = "engine_bench_drain"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ENQUEUE_BATCH = 5000
-# Requests sent to a fresh fake destination before the engine starts (see warm_destination).
+# Requests sent to a fresh fake destination before the engine starts (see warm_destination;
+# docs/decisions/0007-drain-bench-warms-connections.md).
 WARM_REQUESTS = 20_000
 # The name the engine's own warm-up deliveries go to (see --engine-warm).
 ENGINE_WARM_NAME = "engine-warm-up"

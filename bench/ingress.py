@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.benchdb import fresh_database, server, settings, write_report
 from bench.drain import postmaster_pid
-from tests.fakedest import FakeDestination
+from tests.kit.fakedest import FakeDestination
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = ROOT / "bench" / "locustfile.py"

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.benchdb import fresh_database, server
 from bench.ingress import load, request_histogram, server_latency
-from tests.ingress_server import IngressProcess
+from tests.kit.ingress_server import IngressProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 WRK_SCRIPT = ROOT / "bench" / "ingress_wrk.lua"

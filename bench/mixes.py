@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from typing import Any, NamedTuple
 
-from tests.fakedest import FakeDestination
+from tests.kit.fakedest import FakeDestination
 
 # Destination mixes (see mix_targets): name -> (deliveries, destinations).
 MIXES = {

@@ -25,6 +25,7 @@ import psycopg
 from psycopg import RawCursor
 
 from engine import queries, queue
+from engine.database import run_statement
 from engine.queue import EventIn, Result
 
 BACKLOG = 20_000
@@ -52,8 +53,8 @@ def enqueue_round(conn: psycopg.Connection) -> dict[str, Any]:
 def record_round(conn: psycopg.Connection, worker: str) -> tuple[dict, dict]:
     """claim_batch of CLAIM under EXPLAIN, then record_results of what it claimed."""
     with conn.transaction():
-        capped = [r[0] for r in queue._run(
-            conn, queries.LOCK_CAPPED_DESTINATIONS, (queue.CAPPED_CLAIM_LOCK_CLASS,)
+        capped = [r[0] for r in run_statement(
+            conn, queries.LOCK_CAPPED_DESTINATIONS, queue.lock_capped_params()
         ).fetchall()]
         cursor = RawCursor(conn)
         cursor.execute(

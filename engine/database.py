@@ -1,16 +1,23 @@
-"""Which database the engine uses, and connections to it.
+"""Which database the engine uses, connections to it, and running our statements on them.
 
 `--dsn`, else ENGINE_DSN, else DATABASE_URL (folded into Settings.dsn by config), else an
 embedded PostgreSQL with its data under `./.engine/`.
+
+The data-access helpers every module uses: `run_statement` (and `run_statement_async`)
+execute one of the engine/sql/ files (engine.queries) with PostgreSQL's own $n
+placeholders; `repeat_until_short` runs a bounded batch, each its own short transaction,
+until one moves fewer rows than the batch size.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
+from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from engine.config import Settings
@@ -102,3 +109,48 @@ def describe(dsn: str) -> str:
     host = params.get("host") or "(local socket)"
     port = f":{params['port']}" if params.get("port") else ""
     return f"{user}@{host}{port}/{params.get('dbname') or user}"
+
+
+def run_statement(conn: Connection, statement: bytes, params: Sequence[object]) -> RawCursor:
+    """Execute one of our .sql files: they use PostgreSQL's own $n placeholders."""
+    cursor = RawCursor(conn)
+    cursor.execute(statement, params)
+    return cursor
+
+
+async def run_statement_async(
+    conn: AsyncConnection, statement: bytes, params: Sequence[object]
+) -> AsyncRawCursor:
+    """`run_statement` for the asyncio side: the same statements and parameters."""
+    cursor = AsyncRawCursor(conn)
+    await cursor.execute(statement, params)
+    return cursor
+
+
+def _always() -> bool:
+    return True
+
+
+def repeat_until_short(
+    run_batch: Callable[[], int], batch: int, keep_going: Callable[[], bool] = _always,
+) -> tuple[int, bool]:
+    """Call `run_batch` (one short transaction that moves at most `batch` rows and says how
+    many it moved) while `keep_going()`, until a batch comes back short. Returns the rows
+    moved and whether it finished (False: `keep_going` stopped it first)."""
+    total = 0
+    while keep_going():
+        moved = run_batch()
+        total += moved
+        if moved < batch:
+            return total, True
+    return total, False
+
+
+async def repeat_until_short_async(run_batch: Callable[[], Awaitable[int]], batch: int) -> int:
+    """`repeat_until_short` on the asyncio side (no stopping early); the rows moved."""
+    total = 0
+    while True:
+        moved = await run_batch()
+        total += moved
+        if moved < batch:
+            return total

@@ -5,27 +5,31 @@ timeout is due (M_TIMERFUNCTION); the event loop reports readiness back through
 `socket_action`. No thread per request, no polling: an idle pool costs nothing, and one
 process keeps hundreds of requests in flight.
 
-Response bodies: the first `max_body` bytes are kept and the rest is read and
-discarded, because aborting a transfer makes libcurl close the connection, and
-keep-alive is worth far more than the bytes saved. A body larger than
-`max_drain` is aborted anyway (the status line is known by then, so the attempt
-still counts as answered): an endless body must not hold a slot until timeout.
+One request's handle and result: engine/http_transfer.py. Response bodies: the first
+`max_body` bytes are kept and the rest is read and discarded, because aborting a
+transfer makes libcurl close the connection, and keep-alive is worth far more than the
+bytes saved. A body larger than `max_drain` is aborted anyway (the status line is known
+by then, so the attempt still counts as answered): an endless body must not hold a slot
+until timeout.
 """
 
 import asyncio
 import contextlib
-import errno
 import os
 import time
 import warnings
-from collections.abc import Callable
 from functools import lru_cache, partial
 from urllib.parse import urlsplit
 
-import msgspec
 import pycurl
 
 from engine.curl_faults import FaultLog
+from engine.http_transfer import (
+    HttpResult,
+    OnDone,
+    Transfer,
+    failed_result,
+)
 from engine.oplog import log_event
 from engine.targets import (
     Allowance,
@@ -39,81 +43,6 @@ from engine.targets import (
 DEFAULT_MAX_BODY = 4096
 DEFAULT_MAX_DRAIN = 1 << 20
 MAX_CONNECT_TIMEOUT_MS = 5000
-
-TLS_ERRORS = frozenset(
-    code
-    for name in (
-        "E_SSL_CONNECT_ERROR",
-        "E_PEER_FAILED_VERIFICATION",
-        "E_SSL_CERTPROBLEM",
-        "E_SSL_CIPHER",
-        "E_SSL_CACERT_BADFILE",
-        "E_SSL_ISSUER_ERROR",
-        "E_SSL_PINNEDPUBKEYNOTMATCH",
-        "E_SSL_INVALIDCERTSTATUS",
-        "E_SSL_CRL_BADFILE",
-        "E_SSL_SHUTDOWN_FAILED",
-        "E_SSL_ENGINE_NOTFOUND",
-        "E_SSL_ENGINE_SETFAILED",
-        "E_SSL_ENGINE_INITFAILED",
-        "E_USE_SSL_FAILED",
-    )
-    if (code := getattr(pycurl, name, None)) is not None
-)
-ERROR_NAMES = {
-    pycurl.E_OPERATION_TIMEDOUT: "timeout",
-    pycurl.E_COULDNT_RESOLVE_HOST: "dns",
-    pycurl.E_SEND_ERROR: "send",
-    pycurl.E_RECV_ERROR: "recv",
-    pycurl.E_GOT_NOTHING: "recv",
-    pycurl.E_PARTIAL_FILE: "recv",
-    pycurl.E_TOO_MANY_REDIRECTS: "too_many_redirects",
-    # Not HTTP: a garbage status line (8), or no status line at all (HTTP/0.9, which
-    # curl refuses as 1, "unsupported protocol"). Which of the two an endpoint gets
-    # depends on how much of its answer the first read sees, so they share one name.
-    pycurl.E_FTP_WEIRD_SERVER_REPLY: "invalid_response",  # CURLE_WEIRD_SERVER_REPLY
-    pycurl.E_UNSUPPORTED_PROTOCOL: "invalid_response",
-} | {code: "tls" for code in TLS_ERRORS}
-
-
-class HttpResult(msgspec.Struct, gc=False):
-    """The outcome of one POST. `status_code` may be set together with `error`
-    (e.g. a timeout while reading the body): only `ok` means delivered."""
-
-    status_code: int | None
-    body: bytes
-    error: str | None
-    duration_ms: float
-    retry_after: float | None
-    started_at: float
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.status_code is not None and 200 <= self.status_code < 300
-
-
-# Called once per request from the event loop with its result, or with None when the pool
-# is closed first. A plain callback, not a future: a future, its done-callback and the
-# loop's call_soon cost a worker several microseconds per delivery.
-OnDone = Callable[[HttpResult | None], None]
-
-
-def _failed(error: str, started_at: float) -> HttpResult:
-    """The result of a request that never reached the network."""
-    return HttpResult(
-        status_code=None, body=b"", error=error,
-        duration_ms=(time.time() - started_at) * 1000.0, retry_after=None,
-        started_at=started_at,
-    )
-
-
-def classify_error(code: int, message: str, os_errno: int) -> str:
-    """Short, stable error text for attempt history and metrics."""
-    if code == pycurl.E_COULDNT_CONNECT:
-        return "connect_refused" if os_errno == errno.ECONNREFUSED else "connect"
-    name = ERROR_NAMES.get(code)
-    return name if name is not None else f"curl:{code} {message}"
-
 
 @lru_cache(maxsize=4096)
 def _host_port(url: str) -> tuple[str, int]:
@@ -143,86 +72,6 @@ def _resolve_entry(url: str, pin: str) -> list[str]:
     return [f"{host}:{port}:{address}"]
 
 
-class _Transfer:
-    """One reusable easy handle and the state of the request it is carrying."""
-
-    __slots__ = (
-        "body",
-        "curl",
-        "drain_aborted",
-        "max_body",
-        "max_drain",
-        "on_done",
-        "received",
-        "started_at",
-        "started_mono",
-        "target",
-    )
-
-    def __init__(
-        self, max_body: int, max_drain: int, close_socket: Callable[[int], int]
-    ) -> None:
-        self.max_body = max_body
-        self.max_drain = max_drain
-        self.body = bytearray()
-        self.received = 0
-        self.drain_aborted = False
-        self.on_done: OnDone | None = None
-        self.started_at = 0.0
-        self.started_mono = 0.0
-        self.target: tuple[str, int, str | None] | None = None  # (url, timeout_ms, pin) set
-        curl = pycurl.Curl()
-        # Options that never change are set once; per-request ones in CurlPool.post.
-        curl.setopt(pycurl.NOSIGNAL, 1)
-        curl.setopt(pycurl.FOLLOWLOCATION, 0)
-        curl.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
-        curl.setopt(pycurl.REDIR_PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
-        curl.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
-        curl.setopt(pycurl.TCP_NODELAY, 1)
-        curl.setopt(pycurl.POST, 1)
-        curl.setopt(pycurl.WRITEFUNCTION, self._on_body)
-        curl.setopt(pycurl.CLOSESOCKETFUNCTION, close_socket)
-        self.curl = curl
-
-    def start(self, on_done: OnDone) -> None:
-        self.body.clear()
-        self.received = 0
-        self.drain_aborted = False
-        self.on_done = on_done
-        self.started_at = time.time()
-        self.started_mono = time.monotonic()
-
-    def _on_body(self, chunk: bytes) -> int | None:
-        self.received += len(chunk)
-        room = self.max_body - len(self.body)
-        if room > 0:
-            self.body += chunk[:room]
-        elif self.received > self.max_drain:
-            self.drain_aborted = True
-            return 0  # abort: libcurl reports E_WRITE_ERROR
-        return None
-
-    def result(self, code: int, message: str) -> HttpResult:
-        curl = self.curl
-        status = curl.getinfo(pycurl.RESPONSE_CODE) or None
-        if code == 0 or (code == pycurl.E_WRITE_ERROR and self.drain_aborted):
-            error = None
-        else:
-            error = classify_error(code, message, curl.getinfo(pycurl.OS_ERRNO))
-        return HttpResult(
-            status_code=status,
-            body=bytes(self.body),
-            error=error,
-            duration_ms=(time.monotonic() - self.started_mono) * 1000.0,
-            # libcurl parses Retry-After (seconds or HTTP-date, capped at 6 h), which
-            # spares a Python header callback per line of every response; 0 = none.
-            retry_after=(
-                None if status is None or status < 300 else curl.getinfo(pycurl.RETRY_AFTER) or None
-            ),
-            started_at=self.started_at,
-        )
-
-
 class CurlPool:
     """Concurrent HTTP/1.1 POSTs over one CurlMulti, driven by the running event loop.
 
@@ -245,8 +94,8 @@ class CurlPool:
         self.faults = FaultLog()
         self.rebuilds = 0  # times the multi handle was found unusable and replaced
         self._multi = self._new_multi()
-        self._free: list[_Transfer] = []
-        self._active: dict[pycurl.Curl, _Transfer] = {}
+        self._free: list[Transfer] = []
+        self._active: dict[pycurl.Curl, Transfer] = {}
         self._watched: dict[int, int] = {}  # fd -> POLL_* currently registered
         # Kept-alive connections curl stopped watching, whose reader stays registered:
         # curl drops a connection's watch after every response and asks for it again with
@@ -313,10 +162,10 @@ class CurlPool:
     def _begin(
         self, url: str, headers: list[str], body: bytes, timeout_ms: int, pin: str | None,
         on_done: OnDone,
-    ) -> _Transfer:
+    ) -> Transfer:
         if self._closed:
             raise RuntimeError("CurlPool is closed")
-        transfer = self._free.pop() if self._free else _Transfer(
+        transfer = self._free.pop() if self._free else Transfer(
             self._max_body, self._max_drain, self._on_close_socket
         )
         curl = transfer.curl
@@ -348,7 +197,8 @@ class CurlPool:
             except pycurl.error as again:
                 del self._active[curl]
                 transfer.on_done = None
-                self._loop.call_soon(on_done, _failed(f"internal: {again}", transfer.started_at))
+                self._loop.call_soon(
+                    on_done, failed_result(f"internal: {again}", transfer.started_at))
         return transfer
 
     async def post_checked(
@@ -369,7 +219,7 @@ class CurlPool:
             if not known:
                 pin = await resolve_and_check_async(*_host_port(url), allow_private)
         except (TargetRefused, TargetUnresolvable) as exc:
-            return _failed(_target_error(exc), started_at)
+            return failed_result(_target_error(exc), started_at)
         return await self.post(url, headers, body, timeout_ms, pin)
 
     def start_checked(
@@ -391,7 +241,7 @@ class CurlPool:
         try:
             known, pin = _ready_pin(url, allow_private)
         except (TargetRefused, TargetUnresolvable) as exc:
-            self._loop.call_soon(on_done, _failed(_target_error(exc), time.time()))
+            self._loop.call_soon(on_done, failed_result(_target_error(exc), time.time()))
             return
         if known:
             self._begin(url, headers, body, timeout_ms, pin, on_done)
@@ -406,7 +256,7 @@ class CurlPool:
         if task.cancelled():
             on_done(None)
         elif (exc := task.exception()) is not None:
-            on_done(_failed(f"internal: {exc!r}", time.time()))
+            on_done(failed_result(f"internal: {exc!r}", time.time()))
         else:
             on_done(task.result())
 
@@ -441,7 +291,7 @@ class CurlPool:
             transfer.curl.close()
         self._free.clear()
 
-    def _release(self, transfer: _Transfer) -> None:
+    def _release(self, transfer: Transfer) -> None:
         curl = transfer.curl
         del self._active[curl]
         self._multi.remove_handle(curl)
@@ -477,7 +327,7 @@ class CurlPool:
             transfer.on_done = None
             transfer.curl.close()
             if on_done is not None:
-                self._loop.call_soon(on_done, _failed(
+                self._loop.call_soon(on_done, failed_result(
                     f"internal: http client rebuilt after {exc}", transfer.started_at))
 
     # libcurl callbacks. They must not raise (see engine/curl_faults.py) and must not call

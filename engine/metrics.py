@@ -17,7 +17,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from bisect import bisect_left
+from collections import Counter as Tally
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -37,6 +39,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine import queries
+from engine.domain import Result
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -84,6 +87,31 @@ def instruments() -> Instruments:
         ),
         ingested_events=Counter("engine_ingested_events", "Events accepted by ingress"),
     )
+
+
+def count_results(metrics: Instruments, batch: Sequence[Result]) -> None:
+    """A worker's recorded batch into the delivery counter and the attempt histogram.
+    Per batch, not per delivery: in multiprocess mode every update is a locked write to a
+    shared file."""
+    durations: dict[str, list[float]] = {}
+    for r in batch:
+        if r.duration_ms is not None:
+            durations.setdefault(r.outcome, []).append(r.duration_ms / 1000)
+    for outcome, n in Tally(r.outcome for r in batch).items():
+        metrics.deliveries.labels(outcome).inc(n)
+    for outcome, seconds in durations.items():
+        observe_many(metrics.attempt_seconds.labels(outcome), seconds)
+
+
+def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:
+    """`histogram.observe` for each amount, as one increment per bucket plus one for the
+    sum. prometheus_client has no bulk `observe`, so this writes its bucket and sum values
+    directly (`_upper_bounds`, `_buckets`, `_sum`): the one place that does
+    (docs/decisions/0009-bulk-histogram-observe.md)."""
+    bounds = histogram._upper_bounds
+    for index, n in Tally(bisect_left(bounds, s) for s in amounts).items():
+        histogram._buckets[index].inc(n)
+    histogram._sum.inc(sum(amounts))
 
 
 def prepare_multiprocess_dir() -> str:

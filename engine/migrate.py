@@ -14,6 +14,9 @@ from pathlib import Path
 
 import psycopg
 
+from engine import queries
+from engine.database import run_statement
+
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schema"
 # An arbitrary constant naming "engine migrations" in pg_advisory_lock's key space.
 MIGRATION_LOCK_KEY = 0x656E67696E65  # "engine"
@@ -58,14 +61,10 @@ def migrate(
     migrations = load_migrations(schema_dir)
     applied_now: list[str] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        run_statement(conn, queries.MIGRATIONS_LOCK, (MIGRATION_LOCK_KEY,))
         try:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+            run_statement(conn, queries.MIGRATIONS_TABLE, ())
+            row = run_statement(conn, queries.MIGRATIONS_CURRENT, ()).fetchone()
             current = row[0] if row else 0
             newest_known = migrations[-1].version if migrations else 0
             if current > newest_known:
@@ -79,25 +78,21 @@ def migrate(
                 started = time.perf_counter()
                 with conn.transaction():
                     conn.execute(migration.sql.encode())
-                    conn.execute(
-                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
-                        (migration.version, migration.name),
-                    )
+                    run_statement(
+                        conn, queries.MIGRATIONS_RECORD, (migration.version, migration.name))
                 applied_now.append(migration.name)
                 if progress is not None:
                     progress(migration.name, time.perf_counter() - started)
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+            run_statement(conn, queries.MIGRATIONS_UNLOCK, (MIGRATION_LOCK_KEY,))
     return applied_now
 
 
 def schema_version(dsn: str) -> tuple[int, str | None]:
     """The newest migration applied to the database: (version, name), (0, None) if none."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+        exists = run_statement(conn, queries.MIGRATIONS_EXISTS, ()).fetchone()
         if not exists or not exists[0]:
             return 0, None
-        row = conn.execute(
-            "SELECT version, name FROM schema_migrations ORDER BY version DESC LIMIT 1"
-        ).fetchone()
+        row = run_statement(conn, queries.MIGRATIONS_NEWEST, ()).fetchone()
     return (int(row[0]), str(row[1])) if row else (0, None)

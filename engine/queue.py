@@ -4,21 +4,41 @@ transaction; none of them holds a connection while anything but the database wor
 from __future__ import annotations
 
 import datetime as dt
-import os
-import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor
+from psycopg import AsyncConnection, Connection
 
 from engine import queries
+from engine.database import (
+    repeat_until_short,
+    repeat_until_short_async,
+    run_statement,
+    run_statement_async,
+)
+from engine.domain import (
+    OUTCOMES,
+    BreakerSettings,
+    Claim,
+    EventIn,
+    Result,
+    worker_id,
+)
+from engine.sql_params import (
+    ClaimBatchParams,
+    EnqueueEventsParams,
+    LockCappedDestinationsParams,
+    RecordResultsParams,
+    ReplayDeadParams,
+    ReplayDeliveryParams,
+    ReturnClaimsParams,
+    TakeRateTokensParams,
+)
 
-# Breaker defaults (SPEC): open after 5 consecutive failures, pause 30 s doubling to 1 h.
-BREAKER_THRESHOLD = 5
-BREAKER_BASE_PAUSE_MS = 30_000
-BREAKER_MAX_PAUSE_MS = 3_600_000
+# Re-exported: tests, bench and tools name the domain types through engine.queue.
+__all__ = ["BreakerSettings", "Claim", "EventIn", "Result", "worker_id"]
+
 # pg_advisory_xact_lock(class, destination id) key space: "changing this destination's
 # slot count or breaker" (claims for a capped destination, result writes, the reaper: see
 # lock_capped_destinations.sql and record_results.sql). Two-int keys never collide with the
@@ -30,97 +50,7 @@ CAPPED_CLAIM_LOCK_CLASS = BREAKER_LOCK_CLASS
 RETURN_BATCH = 1000
 REPLAY_BATCH = 500
 
-
-def _run(conn: Connection, statement: bytes, params: Sequence[object]) -> RawCursor:
-    """Execute one of our .sql files: they use PostgreSQL's own $n placeholders."""
-    cursor = RawCursor(conn)
-    cursor.execute(statement, params)
-    return cursor
-
-
-async def _run_async(
-    conn: AsyncConnection, statement: bytes, params: Sequence[object]
-) -> AsyncRawCursor:
-    """`_run` for the asyncio side (ingress): the same statements and parameters."""
-    cursor = AsyncRawCursor(conn)
-    await cursor.execute(statement, params)
-    return cursor
-
-
-def worker_id(tag: str = "", pid: int | None = None) -> str:
-    """`host:pid` (plus a tag), so an operator can tell whose claim a row is. A supervisor
-    passes a child's `pid` to name that child's claims."""
-    base = f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
-    return f"{base}:{tag}" if tag else base
-
-
-class Claim(msgspec.Struct, frozen=True, gc=False):
-    """One claimed delivery with all a worker needs to send it. gc=False (here, in Result
-    and HttpResult): made per delivery and never in a reference cycle, so the cyclic
-    collector need not track them, and a worker's collections stay short."""
-
-    id: int
-    event_id: int
-    destination_id: int
-    attempt: int
-    url: str
-    timeout_ms: int
-    secrets: list[str]
-    payload: str
-    max_in_flight: int | None = None  # the destination's cap on concurrent requests
-    headers: dict[str, str] | None = None  # the destination's static extra headers
-    retry_schedule: list[float] | None = None  # its own retry delays (seconds), if any
-    rate_limit: float | None = None  # its requests per second, if limited
-    claim_token: int | None = None  # names this claim; its results carry it (schema/009)
-    # This claim filled its destination's max_in_flight: claimers are being turned away
-    # until a slot comes back, so the worker records its results sooner (worker.py).
-    fills_cap: bool = False
-    # A rate-limited destination's delivery may be sent no earlier than send_at (the
-    # database's clock), send_delay_s after the claim statement: take_rate_tokens.sql.
-    send_at: dt.datetime | None = None
-    send_delay_s: float = 0.0
-
-
-OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
-
-
-class Result(msgspec.Struct, frozen=True, gc=False):
-    """The outcome of one attempt. `next_attempt_at` is set for 'retry' and 'gone'.
-    A Struct, not a dataclass: a worker makes one per delivery (several times cheaper)."""
-
-    id: int
-    attempt: int
-    outcome: str
-    started_at: dt.datetime
-    duration_ms: int | None = None
-    status_code: int | None = None
-    error: str | None = None
-    body: str | None = None
-    next_attempt_at: dt.datetime | None = None
-    # The claim's token: the result applies only while that claim is the current one.
-    claim_token: int | None = None
-
-
 _RESULTS_ENCODER = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True)
-class BreakerSettings:
-    threshold: int = BREAKER_THRESHOLD
-    base_pause_ms: int = BREAKER_BASE_PAUSE_MS
-    max_pause_ms: int = BREAKER_MAX_PAUSE_MS
-
-
-@dataclass
-class EventIn:
-    """One event to enqueue. `destination_ids` None means fan out by event type."""
-
-    type: str
-    payload: str
-    destination_ids: Sequence[int] | None = None
-    ordering_key: str | None = None
-    idempotency_key: str | None = None
-    request_hash: bytes | None = None
 
 
 # A row of take_rate_tokens.sql: destination id, tokens, first send time, statement time.
@@ -134,9 +64,12 @@ def claim_params(
     """Parameters of claim_batch.sql (shared by the sync and async queue functions);
     `capped` is what lock_capped_destinations.sql returned in the same transaction, and
     `rate_tokens` the rows of take_rate_tokens.sql."""
-    return (
-        worker, limit, first_attempt_reserve, lease_ms, capped, list(skip_destinations),
-        [booking[0] for booking in rate_tokens], [booking[1] for booking in rate_tokens],
+    return ClaimBatchParams(
+        worker_id=worker, limit=limit, first_attempt_reserve=first_attempt_reserve,
+        lease_ms=lease_ms, capped_destination_ids=capped,
+        destination_ids=list(skip_destinations),
+        rate_limited_destination_ids=[booking[0] for booking in rate_tokens],
+        tokens=[booking[1] for booking in rate_tokens],
     )
 
 
@@ -175,7 +108,12 @@ _RATE_LIMIT_COLUMN = Claim.__struct_fields__.index("rate_limit")
 
 def rate_token_params(limit: int, skip_destinations: Sequence[int] = ()) -> tuple[object, ...]:
     """Parameters of take_rate_tokens.sql."""
-    return (limit, list(skip_destinations))
+    return TakeRateTokensParams(limit=limit, destination_ids=list(skip_destinations))
+
+
+def lock_capped_params() -> tuple[object, ...]:
+    """Parameters of lock_capped_destinations.sql."""
+    return LockCappedDestinationsParams(advisory_lock_class=CAPPED_CLAIM_LOCK_CLASS)
 
 
 def record_params(
@@ -186,14 +124,14 @@ def record_params(
     for r in results:
         if r.outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {r.outcome!r}")
-    return (
-        worker,
-        _RESULTS_ENCODER.encode(results).decode(),
-        breaker.threshold,
-        breaker.base_pause_ms,
-        breaker.max_pause_ms,
-        BREAKER_LOCK_CLASS,
-        queries.NOTIFY_CHANNEL,
+    return RecordResultsParams(
+        worker_id=worker,
+        results=_RESULTS_ENCODER.encode(results).decode(),
+        breaker_threshold=breaker.threshold,
+        breaker_base_pause_ms=breaker.base_pause_ms,
+        breaker_max_pause_ms=breaker.max_pause_ms,
+        advisory_lock_class=BREAKER_LOCK_CLASS,
+        notification_channel=queries.NOTIFY_CHANNEL,
     )
 
 
@@ -201,7 +139,10 @@ def return_params(
     worker: str | None, only_expired: bool, reason: str, max_attempts: int
 ) -> tuple[object, ...]:
     """Parameters of return_claims.sql for one batch of at most RETURN_BATCH claims."""
-    return (worker, only_expired, reason, max_attempts, RETURN_BATCH, BREAKER_LOCK_CLASS)
+    return ReturnClaimsParams(
+        locked_by=worker, only_expired=only_expired, reason=reason, max_attempts=max_attempts,
+        batch_limit=RETURN_BATCH, advisory_lock_class=BREAKER_LOCK_CLASS,
+    )
 
 
 def claim_batch(
@@ -213,16 +154,16 @@ def claim_batch(
     with conn.transaction():
         # Two statements: the claim's snapshot must be taken after the capped
         # destinations' locks (see lock_capped_destinations.sql).
-        capped = [row[0] for row in _run(
-            conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
+        capped = [row[0] for row in run_statement(
+            conn, queries.LOCK_CAPPED_DESTINATIONS, lock_capped_params()
         ).fetchall()]
-        tokens = _run(
+        tokens = run_statement(
             conn, queries.TAKE_RATE_TOKENS, rate_token_params(limit, skip_destinations)
         ).fetchall()
         params = claim_params(
             worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations, tokens
         )
-        rows = _run(conn, queries.CLAIM_BATCH, params).fetchall()
+        rows = run_statement(conn, queries.CLAIM_BATCH, params).fetchall()
     return claims_from_rows(rows, tokens)
 
 
@@ -231,43 +172,43 @@ def record_results(
     breaker: BreakerSettings | None = None,
 ) -> int:
     """Apply many attempt outcomes in one statement; returns how many still belonged to
-    `worker` (the rest were reaped or released meanwhile and change nothing)."""
+    `worker` (the rest were reaped or released meanwhile and change nothing). Finished
+    deliveries move to finished_deliveries in the same statement
+    (docs/decisions/0001-move-deliveries-at-completion.md)."""
     if not results:
         return 0
     params = record_params(worker, results, breaker)
     with conn.transaction():
-        row = _run(conn, queries.RECORD_RESULTS, params).fetchone()
+        row = run_statement(conn, queries.RECORD_RESULTS, params).fetchone()
     return int(row[0]) if row else 0
 
 
 def release_claims(conn: Connection, worker: str, max_attempts: int) -> int:
     """Return every claim of `worker` (a process that died) to pending at once."""
-    return _return_claims(conn, worker, False, "worker exited", max_attempts)
+    return return_claims(conn, worker, False, "worker exited", max_attempts)
 
 
-def reap_expired(conn: Connection, max_attempts: int) -> int:
-    """Return claims whose lease ran out (a lost host) to pending."""
-    return _return_claims(conn, None, True, "lease expired", max_attempts)
-
-
-def _return_claims(
+def return_claims(
     conn: Connection, worker: str | None, only_expired: bool, reason: str, max_attempts: int
 ) -> int:
-    total = 0
+    """Return claims to pending, RETURN_BATCH per transaction: every claim of `worker`
+    (None: any holder), or only those whose lease ran out."""
     params = return_params(worker, only_expired, reason, max_attempts)
-    while True:
+
+    def one_batch() -> int:
         with conn.transaction():
-            row = _run(conn, queries.RETURN_CLAIMS, params).fetchone()
-        moved = int(row[0]) + int(row[1]) if row else 0
-        total += moved
-        if moved < RETURN_BATCH:
-            return total
+            row = run_statement(conn, queries.RETURN_CLAIMS, params).fetchone()
+        return int(row[0]) + int(row[1]) if row else 0
+
+    return repeat_until_short(one_batch, RETURN_BATCH)[0]
 
 
 def replay_delivery(conn: Connection, delivery_id: int) -> bool:
     """Put one delivery back as a first attempt; False if it is in flight or unknown."""
     with conn.transaction():
-        row = _run(conn, queries.REPLAY_DELIVERY, (delivery_id,)).fetchone()
+        row = run_statement(
+            conn, queries.REPLAY_DELIVERY, ReplayDeliveryParams(delivery_id=delivery_id)
+        ).fetchone()
     return row is not None
 
 
@@ -277,16 +218,16 @@ def replay_dead(
 ) -> int:
     """Replay every dead delivery of a destination (since a time) in bounded batches."""
     with conn.transaction():
-        started = conn.execute("SELECT now()").fetchone()
+        started = run_statement(conn, queries.DATABASE_NOW, ()).fetchone()
     until = started[0] if started else None
-    total = 0
-    while True:
+    params = ReplayDeadParams(
+        destination_id=destination_id, since=since, until=until, batch_limit=batch)
+
+    def one_batch() -> int:
         with conn.transaction():
-            row = _run(conn, queries.REPLAY_DEAD, (destination_id, since, until, batch))
-            moved = int(row.fetchone()[0])
-        total += moved
-        if moved < batch:
-            return total
+            return int(run_statement(conn, queries.REPLAY_DEAD, params).fetchone()[0])
+
+    return repeat_until_short(one_batch, batch)[0]
 
 
 def _enqueue_params(events: Sequence[EventIn]) -> tuple[list[object], ...]:
@@ -296,15 +237,15 @@ def _enqueue_params(events: Sequence[EventIn]) -> tuple[list[object], ...]:
         for destination_id in event.destination_ids or ():
             target_ord.append(position)
             target_dest.append(destination_id)
-    return (
-        [e.type for e in events],
-        [e.payload for e in events],
-        [e.ordering_key for e in events],
-        [e.idempotency_key for e in events],
-        [e.request_hash for e in events],
-        [e.destination_ids is not None for e in events],
-        target_ord,
-        target_dest,
+    return EnqueueEventsParams(
+        types=[e.type for e in events],
+        payloads=[e.payload for e in events],
+        ordering_keys=[e.ordering_key for e in events],
+        idempotency_keys=[e.idempotency_key for e in events],
+        request_hashes=[e.request_hash for e in events],
+        explicit=[e.destination_ids is not None for e in events],
+        target_ord=target_ord,
+        target_destination_id=target_dest,
     )
 
 
@@ -315,7 +256,7 @@ def _enqueue_answers(rows: Sequence[tuple]) -> list[tuple[int | None, int]]:
 def enqueue_events(conn: Connection, events: Sequence[EventIn]) -> list[tuple[int | None, int]]:
     """Insert events and their deliveries in one statement, inside the caller's transaction.
     Returns (event id, delivery count) per event; id None where the idempotency key exists."""
-    rows = _run(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events)).fetchall()
+    rows = run_statement(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events)).fetchall()
     return _enqueue_answers(rows)
 
 
@@ -324,14 +265,15 @@ async def enqueue_events_async(
 ) -> list[tuple[int | None, int]]:
     """`enqueue_events` on an asyncio connection. In autocommit the statement is its own
     transaction: one round trip, committed when it returns."""
-    cursor = await _run_async(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events))
+    cursor = await run_statement_async(conn, queries.ENQUEUE_EVENTS, _enqueue_params(events))
     return _enqueue_answers(await cursor.fetchall())
 
 
 async def replay_delivery_async(conn: AsyncConnection, delivery_id: int) -> bool:
     """`replay_delivery` on an asyncio connection."""
     async with conn.transaction():
-        cursor = await _run_async(conn, queries.REPLAY_DELIVERY, (delivery_id,))
+        cursor = await run_statement_async(
+            conn, queries.REPLAY_DELIVERY, ReplayDeliveryParams(delivery_id=delivery_id))
         row = await cursor.fetchone()
     return row is not None
 
@@ -342,17 +284,16 @@ async def replay_dead_async(
 ) -> int:
     """`replay_dead` on an asyncio connection: bounded batches, each its own transaction."""
     async with conn.transaction():
-        cursor = await conn.execute("SELECT now()")
+        cursor = await run_statement_async(conn, queries.DATABASE_NOW, ())
         started = await cursor.fetchone()
     until = started[0] if started else None
-    total = 0
-    while True:
+    params = ReplayDeadParams(
+        destination_id=destination_id, since=since, until=until, batch_limit=batch)
+
+    async def one_batch() -> int:
         async with conn.transaction():
-            cursor = await _run_async(
-                conn, queries.REPLAY_DEAD, (destination_id, since, until, batch)
-            )
+            cursor = await run_statement_async(conn, queries.REPLAY_DEAD, params)
             row = await cursor.fetchone()
-        moved = int(row[0]) if row else 0
-        total += moved
-        if moved < batch:
-            return total
+        return int(row[0]) if row else 0
+
+    return await repeat_until_short_async(one_batch, batch)

@@ -11,14 +11,12 @@ from collections.abc import Sequence
 from psycopg import AsyncConnection
 
 from engine import queries
+from engine.database import run_statement_async
+from engine.domain import BreakerSettings, Claim, Result
 from engine.queue import (
-    CAPPED_CLAIM_LOCK_CLASS,
-    BreakerSettings,
-    Claim,
-    Result,
-    _run_async,
     claim_params,
     claims_from_rows,
+    lock_capped_params,
     rate_token_params,
     record_params,
 )
@@ -36,11 +34,11 @@ async def claim_batch(
     to be scheduled, and the claim is what a worker's free slots wait for."""
     async with conn.pipeline() as pipeline, conn.transaction():
         # Two statements, as in queue.claim_batch: the capped destinations' locks first.
-        cursor = await _run_async(
-            conn, queries.LOCK_CAPPED_DESTINATIONS, (CAPPED_CLAIM_LOCK_CLASS,)
+        cursor = await run_statement_async(
+            conn, queries.LOCK_CAPPED_DESTINATIONS, lock_capped_params()
         )
         # Rate-limit tokens in the same round trip (take_rate_tokens.sql).
-        tokens_cursor = await _run_async(
+        tokens_cursor = await run_statement_async(
             conn, queries.TAKE_RATE_TOKENS, rate_token_params(limit, skip_destinations)
         )
         await pipeline.sync()
@@ -49,7 +47,7 @@ async def claim_batch(
         params = claim_params(
             worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations, tokens
         )
-        claimed = await _run_async(conn, queries.CLAIM_BATCH, params)
+        claimed = await run_statement_async(conn, queries.CLAIM_BATCH, params)
     return claims_from_rows(await claimed.fetchall(), tokens)
 
 
@@ -63,5 +61,5 @@ async def record_results(
     if not results:
         return 0
     params = record_params(worker, results, breaker)
-    row = await (await _run_async(conn, queries.RECORD_RESULTS, params)).fetchone()
+    row = await (await run_statement_async(conn, queries.RECORD_RESULTS, params)).fetchone()
     return int(row[0]) if row else 0

@@ -13,7 +13,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from engine.queue import Claim
+from engine.domain import Claim
 
 # A claim due this soon is sent at once: a timer would not fire sooner (libuv's clock
 # counts milliseconds), and a send this much early puts rate / 1000 more requests in a

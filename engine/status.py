@@ -30,9 +30,7 @@ def _rows(conn: psycopg.Connection, statement: bytes, params: tuple = ()) -> lis
 
 
 def _has_pg_stat_statements(conn: psycopg.Connection) -> bool:
-    row = conn.execute(
-        "SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'"
-    ).fetchone()
+    row = psycopg.RawCursor(conn).execute(queries.PG_STAT_STATEMENTS_INSTALLED).fetchone()
     return row is not None
 
 
@@ -53,7 +51,7 @@ def collect_status(conn: psycopg.Connection, top: int = TOP_DESTINATIONS) -> dic
                     statements = _rows(conn, queries.STATUS_STATEMENTS)[0]
             except psycopg.Error:  # installed but not preloaded
                 statements = None
-        now = conn.execute("SELECT now()").fetchone()
+        now = psycopg.RawCursor(conn).execute(queries.DATABASE_NOW).fetchone()
     status: dict[str, Any] = {
         "at": now[0] if now else None,
         "queue": queue,

@@ -67,7 +67,8 @@ def _run_worker(context: ChildContext) -> int:
 
     # On a shared host, accepting comes first: a producer waits for ingress's answer,
     # while delivery is asynchronous and retried anyway. Workers delivering a burst would
-    # otherwise take the CPU that ingress needs to answer within milliseconds.
+    # otherwise take the CPU that ingress needs to answer within milliseconds
+    # (docs/decisions/0002-worker-niceness-10.md).
     if context.settings.worker_nice:
         os.nice(context.settings.worker_nice)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.dbserver import DatabaseFactory, test_server
+from tests.kit.dbserver import DatabaseFactory, test_server, truncate_all
+from tests.kit.ingress_server import IngressProcess
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +42,39 @@ def module_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
 def conn(dsn: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(dsn, autocommit=True) as connection:
         yield connection
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    """An engine config whose breaker never opens unless a test asks (tests/kit/workers)."""
+    path = tmp_path / "engine.toml"
+    path.write_text("breaker_threshold = 1000\n")
+    return path
+
+
+# The ingress API tests: one ingress process per module, an emptied database per test.
+
+
+@pytest.fixture(scope="module")
+def ingress_token() -> str | None:
+    """The API token the module's ingress process requires (a module overrides it)."""
+    return None
+
+
+@pytest.fixture(scope="module")
+def server(module_dsn: str, ingress_token: str | None) -> Iterator[IngressProcess]:
+    with IngressProcess(module_dsn, token=ingress_token) as process:
+        yield process
+
+
+@pytest.fixture
+def api(server: IngressProcess, module_dsn: str) -> Iterator[IngressProcess]:
+    with psycopg.connect(module_dsn, autocommit=True) as conn:
+        truncate_all(conn)
+    yield server
+
+
+@pytest.fixture
+def db(module_dsn: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(module_dsn, autocommit=True) as conn:
+        yield conn

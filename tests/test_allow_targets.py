@@ -13,13 +13,13 @@ import pytest
 
 from engine.http_client import CurlPool, HttpResult
 from engine.targets import TargetRefused, parse_allowed_networks, validate_url
-from tests.enginerun import ROOT, Engine, wait_until
-from tests.fakedest import FakeDestination
-from tests.httpserver_helpers import ScriptedServer
-from tests.ingress_server import IngressProcess
+from tests.kit.data import add_destination, enqueue, finished
+from tests.kit.enginerun import ROOT, Engine, wait_until
+from tests.kit.fakedest import FakeDestination
+from tests.kit.httpserver_helpers import ScriptedServer
+from tests.kit.ingress_server import IngressProcess
+from tests.kit.workers import SCHEDULE
 from tests.test_http_client import HEADERS, run, server  # noqa: F401
-from tests.test_queue import add_destination
-from tests.test_worker import SCHEDULE, enqueue, finished
 
 LOOPBACK_V4 = parse_allowed_networks("127.0.0.0/8")
 

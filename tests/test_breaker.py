@@ -11,8 +11,8 @@ import pytest
 
 from engine import queue
 from engine.queue import BreakerSettings, Claim, EventIn, Result
-from tests.test_queue import LEASE_MS, add_destination, now
-from tests.threads import run_threads
+from tests.kit.data import LEASE_MS, add_destination, now
+from tests.kit.threads import run_threads
 
 pytestmark = pytest.mark.pg_versions
 BREAKER = BreakerSettings(threshold=3, base_pause_ms=1_000, max_pause_ms=3_000)
@@ -231,7 +231,7 @@ def test_claim_leaves_out_destinations_a_worker_skips(conn: psycopg.Connection) 
 
 
 def test_open_breakers_backlog_moves_out_of_the_claims_way(conn: psycopg.Connection) -> None:
-    from engine.maintenance import defer_open_breakers
+    from engine.maintenance.breaker_defer import defer_open_breakers
 
     dead = add_destination(conn)
     probing = add_destination(conn)

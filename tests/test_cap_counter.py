@@ -21,9 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import queue
+from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, EventIn, Result
-from tests.dbserver import truncate_all
-from tests.test_queue import LEASE_MS, add_destination, now
+from tests.kit.data import LEASE_MS, add_destination, now
+from tests.kit.dbserver import truncate_all
 
 pytestmark = pytest.mark.pg_versions
 
@@ -113,7 +114,7 @@ def claimer(dsn: str, name: str, plan: Plan, seed: int, found: list[str],
                 # A lost host: its leases run out and the reaper returns them.
                 conn.execute("UPDATE deliveries SET locked_until = now() - interval '1 s'"
                              " WHERE id = ANY(%s)", (reaped,))
-                queue.reap_expired(conn, MAX_ATTEMPTS)
+                reap_expired(conn, MAX_ATTEMPTS)
                 found += violations(conn)
         found.append(f"{name}: not drained after {DEADLINE_S} s")
 

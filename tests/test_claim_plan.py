@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 
 from engine import queries, queue
-from tests.dbserver import DatabaseFactory
+from tests.kit.dbserver import DatabaseFactory
 
 pytestmark = pytest.mark.pg_versions
 

@@ -41,9 +41,10 @@ from hypothesis.stateful import (
 )
 
 from engine import queue, retry
+from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, EventIn, Result
-from tests.dbserver import truncate_all
-from tests.test_queue import add_destination
+from tests.kit.data import add_destination
+from tests.kit.dbserver import truncate_all
 
 pytestmark = pytest.mark.pg_versions
 
@@ -810,7 +811,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.clock += dt.timedelta(seconds=seconds)
         self._set_clock(self.clock)
         if reap:
-            returned = queue.reap_expired(self.conn, self.max_attempts)
+            returned = reap_expired(self.conn, self.max_attempts)
             assert returned == self._return_claims(None, "lease expired")
 
     @rule(action=st.sampled_from(
@@ -853,7 +854,7 @@ class QueueMachine(RuleBasedStateMachine):
         with self.conn.transaction(force_rollback=True):
             self._set_clock(self.clock + dt.timedelta(days=30))
             self.conn.execute("UPDATE destinations SET paused = false, disabled = false")
-            queue.reap_expired(self.conn, self.max_attempts)
+            reap_expired(self.conn, self.max_attempts)
             while left := self.conn.execute("SELECT count(*) FROM deliveries").fetchone()[0]:
                 claims = queue.claim_batch(self.conn, LIVENESS_WORKER, 4, MODEL_LEASE_MS, 1)
                 assert claims, f"{left} deliveries left, but none can be claimed"

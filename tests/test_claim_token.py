@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import queue
+from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, Claim, EventIn, Result
-from tests.test_queue import add_destination
+from tests.kit.data import add_destination
 
 LEASE_MS = 60_000
 MAX_ATTEMPTS = 1000  # never dead by attempts here: the guard is what is under test
@@ -88,7 +89,7 @@ def test_a_result_applies_only_to_the_current_claim(
         elif kind == "reap":
             conn.execute("UPDATE deliveries SET locked_until = now() - interval '1 second'"
                          " WHERE status = 'in_flight'")
-            assert queue.reap_expired(conn, MAX_ATTEMPTS) == (current is not None)
+            assert reap_expired(conn, MAX_ATTEMPTS) == (current is not None)
             current = None
         elif kind == "worker_exited":
             released = queue.release_claims(conn, args[0], MAX_ATTEMPTS)

@@ -18,8 +18,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from engine.embedded import EmbeddedServer, ensure_server
-from tests.enginerun import ROOT
-from tests.httpserver_helpers import closed_port
+from tests.kit.enginerun import ROOT
+from tests.kit.httpserver_helpers import closed_port
 
 ENGINE = [sys.executable, "-m", "engine.cli"]
 TIMEOUT_S = 120

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from engine import queue
 from engine.cli import main
 from engine.queue import Result
-from tests.test_queue import LEASE_MS, now
+from tests.kit.data import LEASE_MS, now
 
 URL = "http://127.0.0.1:9/hook"
 

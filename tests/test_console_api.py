@@ -5,37 +5,21 @@ GET /v1/overview, and the static page."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 from engine import queue
 from engine.queue import Result
-from tests.dbserver import truncate_all
-from tests.ingress_server import IngressProcess
-from tests.test_ingress_api import assert_error, make_destination
+from tests.kit.api import assert_error, make_destination
+from tests.kit.ingress_server import IngressProcess
 
 TOKEN = "console-token"
 
 
 @pytest.fixture(scope="module")
-def server(module_dsn: str) -> Iterator[IngressProcess]:
-    with IngressProcess(module_dsn, token=TOKEN) as process:
-        yield process
-
-
-@pytest.fixture
-def api(server: IngressProcess, module_dsn: str) -> Iterator[IngressProcess]:
-    with psycopg.connect(module_dsn, autocommit=True) as conn:
-        truncate_all(conn)
-    yield server
-
-
-@pytest.fixture
-def db(module_dsn: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(module_dsn, autocommit=True) as conn:
-        yield conn
+def ingress_token() -> str:
+    return TOKEN
 
 
 def pages(api: IngressProcess, path: str, limit: int) -> list[dict]:

@@ -12,10 +12,11 @@ from standardwebhooks import Webhook
 
 from engine import queue
 from engine.signing import generate_secret
-from tests.enginerun import wait_until
-from tests.fakedest import FakeDestination
-from tests.ingress_server import IngressProcess
-from tests.test_worker import config, count, engine, enqueue, finished  # noqa: F401
+from tests.kit.data import count, enqueue, finished
+from tests.kit.enginerun import wait_until
+from tests.kit.fakedest import FakeDestination
+from tests.kit.ingress_server import IngressProcess
+from tests.kit.workers import engine
 
 
 def create(api: IngressProcess, **fields: object) -> dict:
@@ -25,7 +26,7 @@ def create(api: IngressProcess, **fields: object) -> dict:
 
 
 def test_static_headers_go_on_every_request_and_leave_the_signature_alone(
-    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path  # noqa: F811
+    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path
 ) -> None:
     secret = generate_secret()
     extra = {"X-Api-Key": "k-123", "Authorization": "Bearer receiver-token",
@@ -57,7 +58,7 @@ def attempts(conn: psycopg.Connection, delivery_id: int) -> int:
 
 
 def test_a_destination_schedule_replaces_the_global_one_from_the_next_failure(
-    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path  # noqa: F811
+    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path
 ) -> None:
     with FakeDestination() as fake, IngressProcess(dsn) as api:
         fake.control("sched", "fail", 500)

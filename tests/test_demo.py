@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.enginerun import ROOT
+from tests.kit.enginerun import ROOT
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ PATCH, and refused (422 naming the field, nothing written) when invalid."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 from hypothesis import given, settings
@@ -18,28 +16,8 @@ from engine.destination_options import (
     check_retry_schedule,
     format_duration,
 )
-from tests.dbserver import truncate_all
-from tests.ingress_server import IngressProcess
-from tests.test_ingress_api import assert_error, count, make_destination
-
-
-@pytest.fixture(scope="module")
-def server(module_dsn: str) -> Iterator[IngressProcess]:
-    with IngressProcess(module_dsn) as process:
-        yield process
-
-
-@pytest.fixture
-def api(server: IngressProcess, module_dsn: str) -> Iterator[IngressProcess]:
-    with psycopg.connect(module_dsn, autocommit=True) as conn:
-        truncate_all(conn)
-    yield server
-
-
-@pytest.fixture
-def db(module_dsn: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(module_dsn, autocommit=True) as conn:
-        yield conn
+from tests.kit.api import assert_error, count, make_destination
+from tests.kit.ingress_server import IngressProcess
 
 
 def test_options_are_stored_shown_and_patched(api: IngressProcess) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psycopg
 
-from tests.dbserver import DatabaseFactory
-from tests.enginerun import ROOT
+from tests.kit.dbserver import DatabaseFactory
+from tests.kit.enginerun import ROOT
 
 COUNT = 300
 PROCS = 1

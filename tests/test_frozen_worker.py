@@ -21,9 +21,9 @@ import psycopg
 from engine import queue
 from engine.database import IDLE_IN_TRANSACTION_TIMEOUT_MS
 from engine.queue import EventIn
-from tests.enginerun import Engine, wait_until
-from tests.hostile_servers import HostileServer
-from tests.test_queue import add_destination
+from tests.kit.data import add_destination
+from tests.kit.enginerun import Engine, wait_until
+from tests.kit.hostile_servers import HostileServer
 
 EVENTS = 50
 

@@ -20,8 +20,8 @@ import pytest
 import uvloop
 
 from engine.http_client import CurlPool, HttpResult
-from tests.hostile_servers import HostileServer, TlsServer
-from tests.httpserver_helpers import closed_port
+from tests.kit.hostile_servers import HostileServer, TlsServer
+from tests.kit.httpserver_helpers import closed_port
 
 HEADERS = ["content-type: application/json", "Expect:"]
 TIMEOUT_MS = 1500

@@ -21,12 +21,12 @@ import pytest
 
 from engine import queue
 from engine.queue import EventIn
-from tests.enginerun import Engine, wait_until
-from tests.fakedest import FakeDestination
-from tests.hostile_servers import HostileServer, TlsServer
-from tests.httpserver_helpers import closed_port
+from tests.kit.data import add_destination
+from tests.kit.enginerun import Engine, wait_until
+from tests.kit.fakedest import FakeDestination
+from tests.kit.hostile_servers import HostileServer, TlsServer
+from tests.kit.httpserver_helpers import closed_port
 from tests.test_hostile_destinations import isolated_dns_prefix
-from tests.test_queue import add_destination
 
 SOAK_S = float(os.environ.get("ENGINE_SOAK_S", "60"))
 BASELINE_S = 10  # healthy traffic alone first: what latency "unaffected" compares with

@@ -9,12 +9,9 @@ import pytest
 import uvloop
 
 from engine import targets
-from engine.http_client import (
-    CurlPool,
-    HttpResult,
-    classify_error,
-)
-from tests.httpserver_helpers import (
+from engine.http_client import CurlPool, HttpResult
+from engine.http_transfer import classify_error
+from tests.kit.httpserver_helpers import (
     BIG_BODY,
     ScriptedServer,
     assert_loopback,

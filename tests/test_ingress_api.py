@@ -4,57 +4,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 from engine import queue
 from engine.queue import Result
-from tests.dbserver import DatabaseFactory, truncate_all
-from tests.ingress_server import Answer, IngressProcess
+from tests.kit.api import assert_error, count, make_destination
+from tests.kit.dbserver import DatabaseFactory
+from tests.kit.ingress_server import IngressProcess
 
 TOKEN = "test-token"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
 @pytest.fixture(scope="module")
-def server(module_dsn: str) -> Iterator[IngressProcess]:
-    with IngressProcess(module_dsn, token=TOKEN) as process:
-        yield process
-
-
-@pytest.fixture
-def api(server: IngressProcess, module_dsn: str) -> Iterator[IngressProcess]:
-    with psycopg.connect(module_dsn, autocommit=True) as conn:
-        truncate_all(conn)
-    yield server
-
-
-@pytest.fixture
-def db(module_dsn: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(module_dsn, autocommit=True) as conn:
-        yield conn
-
-
-def count(db: psycopg.Connection, table: str) -> int:
-    row = db.execute(f"SELECT count(*) FROM {table}").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def make_destination(api: IngressProcess, **fields: object) -> dict:
-    fields.setdefault("url", "http://127.0.0.1:9/hook")
-    answer = api.request("POST", "/v1/destinations", fields)
-    assert answer.status == 201, answer
-    return answer.json()
-
-
-def assert_error(answer: Answer, status: int, mentions: str = "") -> None:
-    assert answer.status == status, answer
-    error = answer.json()["error"]
-    assert set(error) == {"code", "message"}
-    assert mentions in error["message"]
+def ingress_token() -> str:
+    return TOKEN
 
 
 # Auth ----------------------------------------------------------------------------------

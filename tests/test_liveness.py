@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from engine.liveness import closed_by_server
-from tests.enginerun import wait_until
+from tests.kit.enginerun import wait_until
 
 
 @pytest.fixture(params=["low", "above_fd_setsize"])

@@ -19,9 +19,10 @@ import psycopg
 import pytest
 
 from engine import queries, queue
+from engine.database import run_statement
+from engine.maintenance.retention import cutoff_for, run_retention
 from engine.queue import EventIn, Result
-from engine.retention import cutoff_for, run_retention
-from tests.test_queue import LEASE_MS, add_destination, now, statuses
+from tests.kit.data import LEASE_MS, add_destination, now, statuses
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = [sys.executable, "-c", "from engine.cli import main; raise SystemExit(main())"]
@@ -114,7 +115,7 @@ def test_retention_interleaved_with_moves_keeps_every_delivery_event(
         # replay of it waits for the row, then finds nothing to move.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             with retention.transaction():
-                row = queue._run(
+                row = run_statement(
                     retention, queries.RETENTION_FINISHED, (cutoff_for(retention, 30), 1)
                 ).fetchone()
                 assert row is not None and row[0] == 1
@@ -127,10 +128,10 @@ def test_retention_interleaved_with_moves_keeps_every_delivery_event(
         # completion moves `completed`'s to finished_deliveries; while neither has
         # committed, retention sees their old rows and keeps both events.
         with mover.transaction():
-            assert queue._run(mover, queries.REPLAY_DELIVERY, (claims[replayed].id,)
+            assert run_statement(mover, queries.REPLAY_DELIVERY, (claims[replayed].id,)
                               ).fetchone()
             delivered = Result(claims[completed].id, 1, "delivered", t, 3, 200)
-            row = queue._run(mover, queries.RECORD_RESULTS,
+            row = run_statement(mover, queries.RECORD_RESULTS,
                              queue.record_params("w", [delivered])).fetchone()
             assert row is not None and row[0] == 1
             during = run_retention(retention, retention_days=30)

@@ -11,8 +11,8 @@ import pytest
 
 from engine import queue
 from engine.queue import EventIn, Result
-from tests.test_queue import LEASE_MS, add_destination, now
-from tests.threads import run_threads
+from tests.kit.data import LEASE_MS, add_destination, now
+from tests.kit.threads import run_threads
 
 pytestmark = pytest.mark.pg_versions
 

@@ -7,11 +7,14 @@ import os
 
 import psycopg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import metrics, queue
 from engine.queue import EventIn
-from tests.test_queue import LEASE_MS, add_destination
+from tests.kit.data import LEASE_MS, add_destination
 
 
 def samples(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -82,3 +85,27 @@ def test_database_gauges_equal_sql(dsn: str, conn: psycopg.Connection) -> None:
     dead = dict(conn.execute(
         "SELECT relname::text, n_dead_tup FROM pg_stat_user_tables").fetchall())
     assert found[("engine_dead_tuples", (("table", "deliveries"),))] == dead["deliveries"]
+
+
+@given(st.lists(st.one_of(st.sampled_from(metrics.ATTEMPT_BUCKETS),
+                          st.floats(0, 120, allow_nan=False)), max_size=60))
+def test_observe_many_leaves_a_histogram_as_observe_per_value_does(
+    amounts: list[float],
+) -> None:
+    """The bulk path (docs/decisions/0009-bulk-histogram-observe.md) against the public
+    one, bucket boundaries included."""
+    histograms = []
+    for _ in range(2):
+        registry = CollectorRegistry()
+        histograms.append((registry, Histogram(
+            "attempt_seconds", "x", ["outcome"], buckets=metrics.ATTEMPT_BUCKETS,
+            registry=registry).labels("delivered")))
+    (public_registry, public), (bulk_registry, bulk) = histograms
+    for amount in amounts:
+        public.observe(amount)
+    metrics.observe_many(bulk, amounts)
+    def counts(registry: CollectorRegistry) -> dict:
+        return {key: value for key, value in samples(generate_latest(registry)).items()
+                if not key[0].endswith("_created")}  # when each was made
+
+    assert counts(bulk_registry) == pytest.approx(counts(public_registry))

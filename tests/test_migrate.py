@@ -15,7 +15,7 @@ from psycopg import sql
 
 from engine.cli import main
 from engine.migrate import SCHEMA_DIR, SchemaTooNew, load_migrations, migrate, schema_version
-from tests.dbserver import DatabaseFactory, with_database
+from tests.kit.dbserver import DatabaseFactory, with_database
 
 pytestmark = pytest.mark.pg_versions
 

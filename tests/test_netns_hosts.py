@@ -28,9 +28,9 @@ from engine import queue
 from engine.embedded import _pg_ctl, ensure_server
 from engine.migrate import migrate
 from engine.queue import EventIn
-from tests.enginerun import Engine, wait_until
-from tests.hostile_servers import HostileServer
-from tests.test_queue import add_destination
+from tests.kit.data import add_destination
+from tests.kit.enginerun import Engine, wait_until
+from tests.kit.hostile_servers import HostileServer
 
 BRIDGE, NET, GATEWAY = "engbr13", "10.213.0", "10.213.0.1"
 HOSTS = {"eng13a": f"{NET}.11", "eng13b": f"{NET}.12"}

@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 from engine import queue
 from engine.operational_events import EVENT_TYPES
 from engine.queue import BreakerSettings, Result
-from tests.dbserver import truncate_all
-from tests.test_queue import add_destination
-from tests.test_worker import count, enqueue
+from tests.kit.data import add_destination, count, enqueue
+from tests.kit.dbserver import truncate_all
 
 BREAKER = BreakerSettings(threshold=2, base_pause_ms=1, max_pause_ms=2)
 MAX_ATTEMPTS = 3

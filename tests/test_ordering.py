@@ -24,9 +24,10 @@ from hypothesis import event, example, given, settings, target
 from hypothesis import strategies as st
 
 from engine import queue
+from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, EventIn, Result
-from tests.dbserver import truncate_all
-from tests.test_queue import add_destination
+from tests.kit.data import add_destination
+from tests.kit.dbserver import truncate_all
 
 MAX_ATTEMPTS = 1_000  # failures retry until they succeed: nothing dies, no gaps
 NO_BREAKER = BreakerSettings(threshold=10**6)
@@ -146,7 +147,7 @@ def check_order(arrivals: list[tuple[int, int]], expected: dict[int, list[int]])
 def return_claims(conn: psycopg.Connection, name: str, reap: bool) -> int:
     if reap:  # a lost host: its leases run out and the reaper returns them
         conn.execute("UPDATE deliveries SET locked_until = now() WHERE locked_by = %s", [name])
-        return queue.reap_expired(conn, MAX_ATTEMPTS)
+        return reap_expired(conn, MAX_ATTEMPTS)
     return queue.release_claims(conn, name, MAX_ATTEMPTS)  # the supervisor, at once
 
 

@@ -13,10 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import queue
 from engine.queue import EventIn
-from tests.enginerun import Engine, wait_until
-from tests.fakedest import FakeDestination
-from tests.ingress_server import IngressProcess
-from tests.test_queue import add_destination
+from tests.kit.data import add_destination
+from tests.kit.enginerun import Engine, wait_until
+from tests.kit.fakedest import FakeDestination
+from tests.kit.ingress_server import IngressProcess
 
 FEED_INTERVAL_S = 0.05
 OUTAGE = (2.0, 6.0)  # seconds after the feed starts: the dying destination answers 500
@@ -142,7 +142,7 @@ def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
     share of the slots (an eighth), so the healthy backlog drains long before the first of
     the hanging requests times out."""
     capacity = 64
-    share = capacity // 8  # engine/worker.py SLOW_SHARE
+    share = capacity // 8  # engine/worker/claim_policy.py SLOW_SHARE
     with FakeDestination(extra_args=["--keep", "0"]) as fake, Engine(
         dsn, tmp_path, "--procs", "1", "--max-in-flight", str(capacity),
         "--bind", "127.0.0.1:0", "--allow-private-targets", "--drain-deadline", "1",

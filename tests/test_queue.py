@@ -8,37 +8,11 @@ import psycopg
 import pytest
 
 from engine import queue
+from engine.maintenance.reaper import reap_expired
 from engine.queue import EventIn, Result
+from tests.kit.data import LEASE_MS, add_destination, now, statuses
 
-LEASE_MS = 60_000
 pytestmark = pytest.mark.pg_versions
-
-
-def add_destination(conn: psycopg.Connection, **columns: object) -> int:
-    columns.setdefault("url", "http://127.0.0.1:9/hook")
-    columns.setdefault("secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-    names = list(columns)
-    placeholders = ", ".join(["%s"] * len(names))
-    row = conn.execute(
-        f"INSERT INTO destinations ({', '.join(names)}) VALUES ({placeholders}) RETURNING id",
-        list(columns.values()),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def now(conn: psycopg.Connection) -> dt.datetime:
-    row = conn.execute("SELECT now()").fetchone()
-    assert row is not None
-    return row[0]
-
-
-def statuses(conn: psycopg.Connection) -> dict[int, str]:
-    rows = conn.execute(
-        "SELECT id, status::text FROM deliveries UNION ALL"
-        " SELECT id, status::text FROM finished_deliveries"
-    ).fetchall()
-    return {int(r[0]): r[1] for r in rows}
 
 
 def test_enqueue_fans_out_by_event_type(conn: psycopg.Connection) -> None:
@@ -151,7 +125,7 @@ def test_reap_returns_only_expired_claims(conn: psycopg.Connection) -> None:
     short = queue.claim_batch(conn, "w1", 1, lease_ms=1)
     long = queue.claim_batch(conn, "w2", 1, LEASE_MS)
     conn.execute("SELECT pg_sleep(0.01)")
-    assert queue.reap_expired(conn, max_attempts=10) == 1
+    assert reap_expired(conn, max_attempts=10) == 1
     assert statuses(conn) == {short[0].id: "pending", long[0].id: "in_flight"}
 
 

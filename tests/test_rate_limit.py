@@ -19,10 +19,10 @@ from pathlib import Path
 
 import psycopg
 
-from tests.enginerun import wait_until
-from tests.fakedest import FakeDestination
-from tests.test_queue import add_destination
-from tests.test_worker import config, count, engine, enqueue, finished  # noqa: F401
+from tests.kit.data import add_destination, count, enqueue, finished
+from tests.kit.enginerun import wait_until
+from tests.kit.fakedest import FakeDestination
+from tests.kit.workers import engine
 
 RATE = 20.0
 WINDOW_MS = 10_000
@@ -41,7 +41,7 @@ def window_counts(times_ms: list[int]) -> list[int]:
 
 
 def test_rate_limit_bounds_hold_across_worker_processes(
-    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path  # noqa: F811
+    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path
 ) -> None:
     # The busy destination is another server: one Node process answering both would stamp
     # the limited one's requests late by its queue of the other's, whoever sent them.
@@ -89,7 +89,7 @@ def test_rate_limit_bounds_hold_across_worker_processes(
 
 
 def test_a_limited_destination_does_not_hold_up_the_others(
-    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path  # noqa: F811
+    conn: psycopg.Connection, dsn: str, tmp_path: Path, config: Path
 ) -> None:
     """No lock serialises other destinations: a backlog behind a limit of 5/s is still
     mostly waiting when an unlimited destination's whole backlog is delivered. (A burst of

@@ -20,9 +20,8 @@ from hypothesis import strategies as st
 
 from engine import queue, queue_async
 from engine.queue import Claim
-from tests.dbserver import truncate_all
-from tests.test_queue import add_destination
-from tests.test_worker import enqueue
+from tests.kit.data import add_destination, enqueue
+from tests.kit.dbserver import truncate_all
 
 RATE = 20.0
 SECONDS = 2.5

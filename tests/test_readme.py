@@ -11,7 +11,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from tests.enginerun import ROOT, Engine, wait_until
+from tests.kit.enginerun import ROOT, Engine, wait_until
 
 README = (ROOT / "README.md").read_text()
 TEST_COMMAND = "pip install -e '.[test]' && python -m pytest -q"

@@ -12,7 +12,7 @@ import psycopg
 from engine import queue
 from engine.queue import EventIn, Result
 from engine.status import EXPIRED_IN_FLIGHT_WARN, collect_status
-from tests.test_queue import LEASE_MS, add_destination, now
+from tests.kit.data import LEASE_MS, add_destination, now
 
 ENGINE = [sys.executable, "-m", "engine.cli"]
 

@@ -7,67 +7,22 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import signal
-import time
 from pathlib import Path
 
-import msgspec
 import psutil
 import psycopg
-import pytest
 import uvloop
 from standardwebhooks import Webhook
 
-from engine import queue
 from engine.config import load_settings
-from engine.http_client import HttpResult
-from engine.queue import Claim, EventIn, Result
+from engine.queue import Claim
 from engine.signing import generate_secret
-from engine.worker import DeliveryWorker, _DestinationSlots
-from tests.enginerun import Engine, wait_until
-from tests.fakedest import FakeDestination
-from tests.test_queue import add_destination
-
-# Short retries so a test sees several attempts; a breaker that never opens unless a
-# test asks for it (breaker behaviour has its own tests).
-SCHEDULE = "200ms," * 8 + "200ms"
-MAX_ATTEMPTS = 10  # flaky/30 fails all ten for one delivery in 170,000
-
-
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
-    path = tmp_path / "engine.toml"
-    path.write_text("breaker_threshold = 1000\n")
-    return path
-
-
-def engine(dsn: str, tmp_path: Path, config: Path, *args: str) -> Engine:
-    return Engine(
-        dsn, tmp_path, "--config", str(config), "--allow-private-targets",
-        "--retry-schedule", SCHEDULE, "--bind", "127.0.0.1:0", *args,
-    )
-
-
-def enqueue(conn: psycopg.Connection, payloads: list[str], destinations: list[int]) -> list[int]:
-    with conn.transaction():
-        answers = queue.enqueue_events(
-            conn, [EventIn("test.event", p, destinations) for p in payloads]
-        )
-    return [int(event_id) for event_id, _ in answers if event_id is not None]
-
-
-def finished(conn: psycopg.Connection, destination: int, status: str = "delivered") -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM finished_deliveries WHERE destination_id = %s AND status = %s",
-        [destination, status],
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def count(conn: psycopg.Connection, query: str, *params: object) -> int:
-    row = conn.execute(query, params).fetchone()
-    assert row is not None
-    return int(row[0])
+from engine.worker import DeliveryWorker
+from engine.worker.slots import DestinationSlots
+from tests.kit.data import add_destination, count, enqueue, finished
+from tests.kit.enginerun import Engine, wait_until
+from tests.kit.fakedest import FakeDestination
+from tests.kit.workers import MAX_ATTEMPTS, SCHEDULE, engine
 
 
 def test_delivers_signed_through_fast_slow_flaky_and_dead_destinations(
@@ -298,50 +253,21 @@ def test_hanging_requests_hold_no_database_connections(
     assert not any(state == "idle in transaction" and old for state, _, old in rows), rows
 
 
-def test_outcome_mapping_bounds_retry_after_and_stored_bodies() -> None:
-    settings = load_settings(retry_schedule="1s,2s")
-    worker = DeliveryWorker(settings, "postgresql://unused")
-    claim = Claim(1, 7, 1, 1, "http://127.0.0.1/", 1000, [], "{}")
-    started = time.time()
-
-    def outcome(status: int | None, body: bytes = b"", error: str | None = None,
-                retry_after: float | None = None, attempt: int = 1) -> Result:
-        response = HttpResult(status, body, error, 5.0, retry_after, started)
-        return worker._outcome(msgspec.structs.replace(claim, attempt=attempt), response)
-
-    assert outcome(204).outcome == "delivered"
-    stored = outcome(500, b"a\x00b" + b"x" * 10_000)
-    assert stored.outcome == "retry" and stored.error == "HTTP 500"
-    # Cut to its first 4096 bytes, the NUL (which PostgreSQL text cannot hold) replaced.
-    assert stored.body == "a\ufffdb" + "x" * 4093
-    assert outcome(410).outcome == "gone"
-    assert outcome(None, error="timeout").error == "timeout"
-    assert outcome(500, attempt=3).outcome == "dead"  # 1 + two retries
-    now = dt.datetime.now(dt.UTC)
-    honoured = outcome(429, retry_after=120).next_attempt_at
-    bounded = outcome(503, retry_after=10**9).next_attempt_at
-    ignored = outcome(500, retry_after=120).next_attempt_at  # only 429/503 carry it
-    assert honoured is not None and bounded is not None and ignored is not None
-    assert dt.timedelta(seconds=119) < honoured - now < dt.timedelta(seconds=125)
-    assert dt.timedelta(minutes=59) < bounded - now <= dt.timedelta(hours=1, seconds=5)
-    assert ignored - now < dt.timedelta(seconds=5)
-
-
 def test_a_long_run_of_unsignable_ready_claims_each_fails_once() -> None:
     # A secret that cannot sign (written past the API's checks) fails the attempt without
     # any HTTP. Thousands of such claims waiting in `ready` behind a busy slot go out when
     # it frees: each must fail on its own, not by recursing into the next one.
     async def scenario() -> DeliveryWorker:
         worker = DeliveryWorker(load_settings(retry_schedule="1s"), "postgresql://unused")
-        worker.loop = asyncio.get_running_loop()
-        worker.room, worker.flush_wanted = asyncio.Event(), asyncio.Event()
+        worker.loop = worker.recorder.loop = asyncio.get_running_loop()
+        worker.room = asyncio.Event()
         worker.capacity, worker.sending = 1, 0  # the one slot's request just answered
         runs = 3000
         worker.ready.extend(
             (Claim(i, i, 1, 1, "http://127.0.0.1:9/", 1000, ["not-a-secret"], "{}"), 0.0)
             for i in range(runs))
         worker.held = runs + 1
-        slots = worker.destinations[1] = _DestinationSlots()
+        slots = worker.destinations[1] = DestinationSlots()
         slots.active = 1
         worker._finished(slots, 1)
         await asyncio.sleep(0.05)

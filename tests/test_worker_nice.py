@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from engine.config import ConfigError, load_settings
-from tests.enginerun import Engine, wait_until
+from tests.kit.enginerun import Engine, wait_until
 
 
 @pytest.mark.parametrize("worker_nice", [7, 0])

@@ -31,6 +31,7 @@ from engine.destination_options import (
     check_rate_limit,
     check_retry_schedule,
 )
+from engine.domain import EventIn
 from engine.ingress import errors, store
 from engine.ingress import schemas as s
 from engine.ingress.committer import Committer
@@ -40,7 +41,6 @@ from engine.ingress.errors import ApiError
 from engine.ingress.metrics import IngressMetrics
 from engine.ingress.openapi import OPERATIONS, Operation, build_document
 from engine.operational_events import RESERVED_EVENT_PREFIX
-from engine.queue import EventIn
 from engine.signing import generate_secret, secret_key
 from engine.targets import TargetError, validate_url
 

@@ -31,14 +31,15 @@ import psycopg
 from psycopg.types.array import ListBinaryDumper
 from psycopg.types.string import StrBinaryDumper
 
-from engine import queue
+from engine import queries, queue
+from engine.database import run_statement_async
+from engine.domain import EventIn
 from engine.ingress import errors
 from engine.ingress.errors import ApiError
 from engine.ingress.schemas import EventAccepted
 from engine.liveness import closed_by_server
 from engine.oplog import Outage
 from engine.queries import NOTIFY_CHANNEL
-from engine.queue import EventIn
 
 if TYPE_CHECKING:
     from engine.ingress.dbgate import DatabaseGate
@@ -60,11 +61,6 @@ CONNECT_TIMEOUT_S = 5
 # test can kill the process between the two.
 PAUSE_AFTER_COMMIT_ENV = "ENGINE_INGRESS_TEST_PAUSE_AFTER_COMMIT_S"
 
-_FIND_DESTINATIONS = b"SELECT id FROM destinations WHERE id = ANY($1) AND deleted_at IS NULL"
-_FIND_KEYS = (
-    b"SELECT idempotency_key, id, delivery_count, request_hash FROM events"
-    b" WHERE idempotency_key = ANY($1)"
-)
 _NOTIFY = f"NOTIFY {NOTIFY_CHANNEL}".encode()
 
 
@@ -293,7 +289,8 @@ class Committer:
         if listed:
             # Refused before anything is written. A destination deleted between this check
             # and the insert simply gets no delivery (the insert skips deleted ones).
-            cursor = await queue._run_async(conn, _FIND_DESTINATIONS, (list(listed),))
+            cursor = await run_statement_async(
+                conn, queries.ACCEPT_FIND_DESTINATIONS, (list(listed),))
             found = {row[0] for row in await cursor.fetchall()}
             for submission in batch:
                 unknown = sorted(
@@ -344,7 +341,7 @@ class Committer:
         }
         first_answers: dict[str, tuple[int, int, bytes]] = {}
         if repeated:
-            cursor = await queue._run_async(conn, _FIND_KEYS, (list(repeated),))
+            cursor = await run_statement_async(conn, queries.ACCEPT_FIND_KEYS, (list(repeated),))
             for key, event_id, count, request_hash in await cursor.fetchall():
                 first_answers[key] = (event_id, count, bytes(request_hash or b""))
         results: dict[Submission, list[EventAccepted]] = {}

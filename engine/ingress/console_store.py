@@ -14,12 +14,13 @@ import psycopg
 from psycopg import AsyncConnection, AsyncRawCursor
 from psycopg.rows import dict_row
 
-from engine import queries, queue, status
+from engine import queries, status
+from engine.database import run_statement_async
 from engine.ingress import schemas as s
 
 
 async def _fetchall(conn: AsyncConnection, statement: bytes, params: tuple) -> list[tuple]:
-    cursor = await queue._run_async(conn, statement, params)
+    cursor = await run_statement_async(conn, statement, params)
     return await cursor.fetchall()
 
 

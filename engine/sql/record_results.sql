@@ -67,11 +67,11 @@ WITH result AS (
        AND d.locked_by = $1
        AND d.claim_token IS NOT DISTINCT FROM coalesce(r.claim_token, d.claim_token)
        AND r.outcome IN ('retry', 'gone', 'released')
- RETURNING d.id, d.destination_id, r.outcome, d.holds_slot
+ RETURNING d.id, d.destination_id, r.outcome, d.holds_slot, d.event_id
 ), applied AS (
-    SELECT id, destination_id, outcome FROM finished
+    SELECT id, destination_id, outcome, event_id FROM finished
     UNION ALL
-    SELECT id, destination_id, outcome FROM requeued WHERE outcome <> 'released'
+    SELECT id, destination_id, outcome, event_id FROM requeued WHERE outcome <> 'released'
 ), history AS (
     INSERT INTO delivery_attempts
            (delivery_id, destination_id, attempt, started_at, duration_ms, status_code,
@@ -198,6 +198,17 @@ WITH result AS (
            dest.breaker_closed_at = now() AS recovered,
            dest.disabled_at = now() AS disabled_now, s.breaker_changes,
            dest.in_flight + s.slots_freed >= dest.max_in_flight AS was_full
+), application AS (
+    -- The destinations with a delivery of an application event in this batch. A breaker
+    -- that opened or recovered on deliveries of operational events alone announces
+    -- nothing: two failing subscribers would otherwise tell each other about their
+    -- breakers for ever (A opens, B fails to take the news and opens, A fails to take
+    -- that and re-opens, ...; found by tests/test_operational_properties.py). Built only
+    -- when a breaker opened or recovered (a hashed subplan of the branches below).
+    SELECT DISTINCT a.destination_id
+      FROM applied a
+      JOIN events ev ON ev.id = a.event_id
+     WHERE ev.type NOT LIKE 'engine.%'
 ), operational AS (
     -- The operational events this batch causes (engine/operational_events.py), enqueued
     -- by this statement (enqueue_operational_event(), schema/008), so in the transaction
@@ -209,14 +220,14 @@ WITH result AS (
                'url', b.url, 'time', now(),
                'reason', format('%s consecutive failed attempts', b.consecutive_failures)
            )::text AS payload
-      FROM breaker b WHERE b.opened
+      FROM breaker b WHERE b.opened AND b.id IN (SELECT destination_id FROM application)
     UNION ALL
     SELECT 'engine.destination.recovered', b.id,
            json_build_object(
                'type', 'engine.destination.recovered', 'destination_id', b.id,
                'url', b.url, 'time', now(),
                'reason', 'a delivery succeeded after the breaker had opened')::text
-      FROM breaker b WHERE b.recovered
+      FROM breaker b WHERE b.recovered AND b.id IN (SELECT destination_id FROM application)
     UNION ALL
     SELECT 'engine.destination.disabled', b.id,
            json_build_object(

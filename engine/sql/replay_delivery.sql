@@ -1,5 +1,5 @@
 -- replay_delivery: send one delivery again, through the claim path, as a first attempt.
---   $1 delivery id
+--   $1 delivery id bigint
 -- A finished delivery (dead or delivered) moves back into the queue; a pending one (a
 -- retry waiting for its time) becomes due now. An in-flight one is left alone.
 WITH moved AS (

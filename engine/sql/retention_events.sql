@@ -4,7 +4,8 @@
 --   $1 cutoff timestamptz, $2 batch limit int
 -- The NOT EXISTS probes are index lookups (deliveries_event_idx,
 -- finished_deliveries_event_idx).
--- No foreign key guards the deletion (schema/005_no_delivery_foreign_keys.sql), and no lock
+-- No foreign key guards the deletion (schema/005_no_delivery_foreign_keys.sql,
+-- docs/decisions/0004-no-foreign-keys-on-hot-tables.md), and no lock
 -- is needed instead: past its enqueue, a delivery row of an existing event is only ever
 -- created by moving it between the two tables, deleting the old row in the same statement
 -- (record_results, return_claims, replay_delivery, replay_dead). Both probes read this

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-FAKEDEST_JS = Path(__file__).resolve().parents[1] / "bench" / "fakedest.mjs"
+FAKEDEST_JS = Path(__file__).resolve().parents[2] / "bench" / "fakedest.mjs"
 READY_TIMEOUT_S = 10.0
 STOP_GRACE_S = 3.0
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import psycopg
 
+from engine import queries
+from engine.database import run_statement
+
 # pg_advisory_lock key naming "engine maintenance leader" (one-bigint key space).
 LEADER_LOCK_KEY = 0x656E67696E656C  # "engineL"
 # The server ends the leader's session after this much silence; heartbeats come far more
@@ -40,9 +43,8 @@ class Leadership:
             keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=2,
         )
         try:
-            conn.execute("SELECT set_config('idle_session_timeout', %s, false)",
-                         [f"{IDLE_SESSION_TIMEOUT_S}s"])
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)", [LEADER_LOCK_KEY]).fetchone()
+            run_statement(conn, queries.LEADER_SESSION_TIMEOUT, (f"{IDLE_SESSION_TIMEOUT_S}s",))
+            row = run_statement(conn, queries.LEADER_TRY_LOCK, (LEADER_LOCK_KEY,)).fetchone()
         except psycopg.Error:
             conn.close()
             raise

@@ -14,7 +14,7 @@ from typing import Any, Self
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -1,16 +1,5 @@
-"""The maintenance process: one leader per cluster runs the housekeeping jobs.
-
-Every host may run one; the holder of the leader lock (engine/leader.py) does the work and
-the others poll to take over. Jobs, each in bounded batches of short transactions:
-- reaper: claims whose lease ran out (a lost host) go back to pending;
-- retention: finished deliveries, their attempts and then unreferenced events older than
-  `retention_days` are deleted;
-- breaker_defer: due deliveries of destinations whose breaker is open move to the end of
-  the pause, out of the claim's way (engine/sql/breaker_defer.sql);
-- auto_disable: destinations whose attempts have all failed for `disable_after` are
-  disabled, with an operational event (engine/sql/auto_disable.sql).
-Each job run that did something logs one JSON line to stderr; so do leadership changes.
-"""
+"""The maintenance loop: take (or keep) the leader lock every tick and, while leading,
+run each job (engine/maintenance/*.py) when its interval has passed."""
 
 from __future__ import annotations
 
@@ -19,78 +8,42 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 import psycopg
 
-from engine import queries, queue
 from engine.config import Settings
-from engine.leader import Leadership
+from engine.maintenance import auto_disable, breaker_defer, reaper, retention
+from engine.maintenance.leader import Leadership
 from engine.oplog import Outage, log_event
-from engine.queue import _run
-from engine.retention import run_retention
 
 TICK_S = 1.0
-REAPER_INTERVAL_S = 5.0
-BREAKER_DEFER_INTERVAL_S = 2.0
-BREAKER_DEFER_BATCH = 1000
-BREAKER_DEFER_BUDGET_S = 5.0
-RETENTION_INTERVAL_S = 300.0
-# Often enough that a short disable_after (tests, demos) is honoured within seconds; the
-# statement reads only the small destinations table.
-AUTO_DISABLE_INTERVAL_S = 2.0
-RETENTION_BUDGET_S = 20.0
+
 
 class Job:
     def __init__(self, name: str, interval_s: float,
-                 run: Callable[[psycopg.Connection], dict[str, Any]]) -> None:
+                 run: Callable[[psycopg.Connection], Any]) -> None:
         self.name = name
         self.interval_s = interval_s
-        self.run = run
+        self.run = run  # run_once with its settings: returns a report dataclass
         self.next_at = 0.0  # run at once on becoming leader
 
 
 def _jobs(settings: Settings, leadership: Leadership) -> list[Job]:
-    def reaper(conn: psycopg.Connection) -> dict[str, Any]:
-        return {"returned": queue.reap_expired(conn, settings.max_attempts)}
-
-    def retention(conn: psycopg.Connection) -> dict[str, Any]:
-        report = run_retention(
-            conn, settings.retention_days, budget_s=RETENTION_BUDGET_S,
-            keep_going=leadership.heartbeat,
-        )
-        return asdict(report) | {"retention_days": settings.retention_days}
-
-    def breaker_defer(conn: psycopg.Connection) -> dict[str, Any]:
-        return {"deferred": defer_open_breakers(conn, keep_going=leadership.heartbeat)}
-
-    def auto_disable(conn: psycopg.Connection) -> dict[str, Any]:
-        with conn.transaction():
-            row = _run(conn, queries.AUTO_DISABLE, (settings.disable_after_s,)).fetchone()
-        assert row is not None
-        return {"disabled": int(row[0]), "operational_events": int(row[1])}
-
-    return [Job("reaper", REAPER_INTERVAL_S, reaper),
-            Job("auto_disable", AUTO_DISABLE_INTERVAL_S, auto_disable),
-            Job("breaker_defer", BREAKER_DEFER_INTERVAL_S, breaker_defer),
-            Job("retention", RETENTION_INTERVAL_S, retention)]
-
-
-def defer_open_breakers(
-    conn: psycopg.Connection, batch: int = BREAKER_DEFER_BATCH,
-    budget_s: float = BREAKER_DEFER_BUDGET_S, keep_going: Callable[[], bool] = lambda: True,
-) -> int:
-    """Move due deliveries of open-breaker destinations to the end of their pause, a
-    batch per short transaction, for at most `budget_s`."""
-    total = 0
-    deadline = time.monotonic() + budget_s
-    while time.monotonic() < deadline and keep_going():
-        with conn.transaction():
-            moved = _run(conn, queries.BREAKER_DEFER, (batch,)).rowcount
-        total += moved
-        if moved < batch:
-            break
-    return total
+    reaping = reaper.ReaperSettings(settings.max_attempts)
+    disabling = auto_disable.AutoDisableSettings(settings.disable_after_s)
+    deferring = breaker_defer.BreakerDeferSettings()
+    retaining = retention.RetentionSettings(settings.retention_days)
+    return [
+        Job("reaper", reaping.interval_s, partial(reaper.run_once, settings=reaping)),
+        Job("auto_disable", disabling.interval_s,
+            partial(auto_disable.run_once, settings=disabling)),
+        Job("breaker_defer", deferring.interval_s, partial(
+            breaker_defer.run_once, settings=deferring, keep_going=leadership.heartbeat)),
+        Job("retention", retaining.interval_s, partial(
+            retention.run_once, settings=retaining, keep_going=leadership.heartbeat)),
+    ]
 
 
 def _did_something(outcome: dict[str, Any]) -> bool:
@@ -154,7 +107,7 @@ def _run_due_jobs(jobs: list[Job], dsn: str, conn: psycopg.Connection | None,
             if conn is None or conn.closed:
                 conn = psycopg.connect(dsn, autocommit=True, connect_timeout=5,
                                        application_name="engine maintenance")
-            outcome = job.run(conn)
+            outcome = asdict(job.run(conn))
         except psycopg.Error as exc:
             log_event("maintenance_job_failed", job=job.name, error=str(exc))
             if conn is not None:

@@ -1,0 +1,84 @@
+"""Retention: old finished deliveries, their attempts, then events nothing refers to,
+removed in bounded batches, each its own short transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from psycopg import Connection
+
+from engine import queries
+from engine.database import repeat_until_short, run_statement
+from engine.sql_params import RetentionBatchParams
+
+RETENTION_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    retention_days: float
+    interval_s: float = 300.0
+    budget_s: float = 20.0
+    batch: int = RETENTION_BATCH
+
+
+@dataclass
+class RetentionReport:
+    finished_deliveries: int = 0
+    delivery_attempts: int = 0
+    events: int = 0
+    batches: int = 0
+    complete: bool = True  # False: stopped by the time budget, more is left for next run
+    retention_days: float = 0.0  # what it applied: older than this was deleted
+
+
+def cutoff_for(conn: Connection, retention_days: float) -> dt.datetime:
+    row = run_statement(conn, queries.RETENTION_CUTOFF, (retention_days * 86400.0,)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def run_retention(
+    conn: Connection, retention_days: float, batch: int = RETENTION_BATCH,
+    budget_s: float = 30.0, keep_going: Callable[[], bool] = lambda: True,
+) -> RetentionReport:
+    """Delete what is older than `retention_days`, a batch at a time, for at most
+    `budget_s` (the rest waits for the next run) and while `keep_going()`."""
+    report = RetentionReport(retention_days=retention_days)
+    cutoff = cutoff_for(conn, retention_days)
+    deadline = time.monotonic() + budget_s
+    params = RetentionBatchParams(cutoff=cutoff, batch_limit=batch)
+
+    def in_budget() -> bool:
+        return not (time.monotonic() > deadline or not keep_going())
+
+    def finished_batch() -> int:
+        with conn.transaction():
+            row = run_statement(conn, queries.RETENTION_FINISHED, params).fetchone()
+        removed = int(row[0]) if row else 0
+        report.finished_deliveries += removed
+        report.delivery_attempts += int(row[1]) if row else 0
+        report.batches += 1
+        return removed
+
+    def events_batch() -> int:
+        with conn.transaction():
+            removed = run_statement(conn, queries.RETENTION_EVENTS, params).rowcount
+        report.events += removed
+        report.batches += 1
+        return removed
+
+    for one_batch in (finished_batch, events_batch):
+        if not repeat_until_short(one_batch, batch, in_budget)[1]:
+            report.complete = False
+            return report
+    return report
+
+
+def run_once(conn: Connection, settings: RetentionSettings,
+             keep_going: Callable[[], bool]) -> RetentionReport:
+    return run_retention(conn, settings.retention_days, settings.batch, settings.budget_s,
+                         keep_going)

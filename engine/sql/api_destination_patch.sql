@@ -1,0 +1,49 @@
+-- api_destination_patch: PATCH /v1/destinations/{id}.
+--   $1 destination id bigint, $2 url text (NULL: keep),
+--   $3 set event_types bool, $4 event types text[],
+--   $5 set max_in_flight bool, $6 max_in_flight int,
+--   $7 ordered bool (NULL: keep), $8 timeout_ms int (NULL: keep),
+--   $9 paused bool (NULL: keep), $10 disabled bool (NULL: keep),
+--   $11 new secret text (NULL: keep), $12 previous secret valid for ms bigint,
+--   $13 resume bool (paused or disabled set to false),
+--   $14 set rate_limit bool, $15 rate_limit float8, $16 set headers bool,
+--   $17 headers text (a JSON object), $18 set retry_schedule bool,
+--   $19 retry_schedule float8[] ($14-$19: store.DeliveryOptions.params)
+-- Every field is optional: a NULL value (or a false `set_*` flag for nullable columns)
+-- keeps the column. Resuming (paused or disabled set to false) also closes the breaker,
+-- so the operator's "go" is not held back by an old failure streak, and restarts the
+-- auto-disable clock (failing_since). Right-hand sides see the old row, so
+-- `previous_secret = secret` keeps the secret being replaced.
+-- Returns the destination columns in the order engine/ingress/store.py `_destination` reads
+-- them (the same list in every api_destination*.sql).
+UPDATE destinations SET
+    url = coalesce($2::text, url),
+    event_types = CASE WHEN $3::bool THEN $4::text[] ELSE event_types END,
+    max_in_flight = CASE WHEN $5::bool THEN $6::int ELSE max_in_flight END,
+    ordered = coalesce($7::bool, ordered),
+    timeout_ms = coalesce($8::int, timeout_ms),
+    paused = coalesce($9::bool, paused),
+    disabled = coalesce($10::bool, disabled),
+    disabled_reason = CASE WHEN $10::bool IS NULL THEN disabled_reason
+                           WHEN $10::bool THEN 'disabled by operator' END,
+    previous_secret = CASE WHEN $11::text IS NULL THEN previous_secret ELSE secret END,
+    previous_secret_until = CASE WHEN $11::text IS NULL THEN previous_secret_until
+                                 ELSE now() + $12::bigint * interval '1 millisecond' END,
+    secret = coalesce($11::text, secret),
+    breaker = CASE WHEN $13::bool THEN 'closed' ELSE breaker END,
+    paused_until = CASE WHEN $13::bool THEN NULL ELSE paused_until END,
+    consecutive_failures = CASE WHEN $13::bool THEN 0 ELSE consecutive_failures END,
+    breaker_pause_ms = CASE WHEN $13::bool THEN 0 ELSE breaker_pause_ms END,
+    failing_since = CASE WHEN $13::bool THEN NULL ELSE failing_since END,
+    disabled_at = CASE WHEN $10::bool IS NULL THEN disabled_at
+                       WHEN $10::bool THEN coalesce(disabled_at, now()) END,
+    rate_limit = CASE WHEN $14::bool THEN $15::float8 ELSE rate_limit END,
+    headers = CASE WHEN $16::bool THEN $17::text::jsonb ELSE headers END,
+    retry_schedule = CASE WHEN $18::bool THEN $19::float8[] ELSE retry_schedule END,
+    updated_at = now()
+WHERE id = $1::bigint AND deleted_at IS NULL
+RETURNING
+    id, url, event_types, max_in_flight, ordered, timeout_ms, paused, disabled,
+    disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
+    updated_at, rate_limit, headers, retry_schedule, failing_since, secret,
+    previous_secret_until

@@ -1,0 +1,10 @@
+-- api_destination_read: GET /v1/destinations/{id}.
+--   $1 destination id bigint
+-- Returns the destination columns in the order engine/ingress/store.py `_destination` reads
+-- them (the same list in every api_destination*.sql).
+SELECT
+    id, url, event_types, max_in_flight, ordered, timeout_ms, paused, disabled,
+    disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
+    updated_at, rate_limit, headers, retry_schedule, failing_since, secret,
+    previous_secret_until
+  FROM destinations WHERE id = $1::bigint AND deleted_at IS NULL

@@ -1,0 +1,5 @@
+-- api_event_read: GET /v1/events/{id}, the event itself (api_event_deliveries.sql: its
+-- deliveries).
+--   $1 event id bigint
+SELECT id, type, payload, ordering_key, idempotency_key, created_at
+  FROM events WHERE id = $1::bigint

@@ -1,0 +1,102 @@
+"""The parameters of the engine/sql/ statements, one typed tuple per statement.
+
+Each field is one `$n`, in order, named as the statement's header names it ("$5 capped
+destination ids bigint[]" is `capped_destination_ids`); the code binds a statement only
+through its tuple, built by keyword. tests/test_sql_headers.py compares every header with
+its tuple, so a parameter reordered on one side fails a test instead of binding a value
+to the wrong `$n`. `STATEMENT_PARAMETERS` says which tuple binds which file.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class ClaimBatchParams(NamedTuple):
+    worker_id: str
+    limit: int
+    first_attempt_reserve: int
+    lease_ms: int
+    capped_destination_ids: list[int]  # what lock_capped_destinations.sql just locked
+    destination_ids: list[int]  # those this worker wants none of now
+    rate_limited_destination_ids: list[int]
+    tokens: list[int]  # what take_rate_tokens.sql took for each of the above
+
+
+class TakeRateTokensParams(NamedTuple):
+    limit: int
+    destination_ids: list[int]  # claim_batch's destination_ids
+
+
+class LockCappedDestinationsParams(NamedTuple):
+    advisory_lock_class: int
+
+
+class RecordResultsParams(NamedTuple):
+    worker_id: str
+    results: str  # JSON
+    breaker_threshold: int
+    breaker_base_pause_ms: int
+    breaker_max_pause_ms: int
+    advisory_lock_class: int
+    notification_channel: str
+
+
+class ReturnClaimsParams(NamedTuple):
+    locked_by: str | None
+    only_expired: bool
+    reason: str
+    max_attempts: int
+    batch_limit: int
+    advisory_lock_class: int
+
+
+class EnqueueEventsParams(NamedTuple):
+    types: list[str]
+    payloads: list[str]
+    ordering_keys: list[str | None]
+    idempotency_keys: list[str | None]
+    request_hashes: list[bytes | None]
+    explicit: list[bool]
+    target_ord: list[int]
+    target_destination_id: list[int]
+
+
+class ReplayDeliveryParams(NamedTuple):
+    delivery_id: int
+
+
+class ReplayDeadParams(NamedTuple):
+    destination_id: int
+    since: object  # datetime | None
+    until: object  # datetime | None
+    batch_limit: int
+
+
+class RetentionBatchParams(NamedTuple):
+    cutoff: object  # datetime
+    batch_limit: int
+
+
+class BreakerDeferParams(NamedTuple):
+    batch_limit: int
+
+
+class AutoDisableParams(NamedTuple):
+    disable_after_seconds: float
+
+
+STATEMENT_PARAMETERS: dict[str, type[tuple]] = {
+    "claim_batch": ClaimBatchParams,
+    "take_rate_tokens": TakeRateTokensParams,
+    "lock_capped_destinations": LockCappedDestinationsParams,
+    "record_results": RecordResultsParams,
+    "return_claims": ReturnClaimsParams,
+    "enqueue_events": EnqueueEventsParams,
+    "replay_delivery": ReplayDeliveryParams,
+    "replay_dead": ReplayDeadParams,
+    "retention_finished": RetentionBatchParams,
+    "retention_events": RetentionBatchParams,
+    "breaker_defer": BreakerDeferParams,
+    "auto_disable": AutoDisableParams,
+}

@@ -1,0 +1,129 @@
+"""How much one worker claims and when, and which destinations it leaves out.
+
+The claim loop (loop.py) asks `ClaimPolicy.limit` before each claim and tells it what
+the claim brought back (`claimed`); the sending side asks `room` after every answer, to
+wake the claim loop once enough slots are free.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+
+from engine.domain import Claim, Result
+from engine.worker.outcome import utcnow
+from engine.worker.recorder import FLUSH_SIZE
+from engine.worker.slots import LEASE_SAFETY_MS, DestinationSlots
+
+CLAIM_CAP = 500  # most rows one claim takes (docs/decisions/0003-claim-cap-500.md)
+# No claim while this many results wait to be recorded: a slow database slows the
+# claiming instead of piling up outcomes in memory.
+UNRECORDED_LIMIT = 2 * FLUSH_SIZE
+POLL_INTERVAL_S = 1.0  # fallback when no NOTIFY comes (retries falling due, missed ones)
+# After a claim with rate-limited deliveries, the next claim comes within a token's time,
+# bounded: often enough that the second of send times a claim books ahead never runs out
+# (take_rate_tokens.sql).
+RATE_RECHECK_MIN_S = 0.05
+RATE_RECHECK_MAX_S = 0.5
+# A destination that holds SLOW_SHARE of the slots while silent (no HTTP answer for
+# slots.SLOW_REQUEST_S, or none yet: a dead endpoint hangs every request for its whole
+# timeout) is left out of this process's claims: it cannot take the slots of healthy
+# destinations before its breaker opens (which needs failures, which take a timeout to
+# come). When a claim that left such destinations out comes back empty, nobody else is
+# waiting, and the next claim takes them as well: a slow destination alone still gets
+# every slot it needs. (Empty, not merely short: under a steady healthy load most claims
+# are short, and a dead endpoint would get in again.)
+SLOW_SHARE = 1 / 8
+
+
+class ClaimPolicy:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity  # requests with libcurl at once
+        # Claim when an eighth of the slots are free (or half the prefetch, below): batches
+        # big enough for the database, while a slow destination still sees nearly every
+        # slot in flight.
+        self.threshold = max(1, min(capacity, CLAIM_CAP) // 8)
+        # Claims held beyond the free slots, waiting in `ready` for one: twice as many as
+        # requests got answered while the last claim ran, at most a claim's worth. With a
+        # fast destination the claims, not the HTTP, are what the slots wait for (a claim
+        # of 500 takes 8-30 ms on a busy machine, its requests are answered sooner): the
+        # next batch is then here when an answer frees a slot. With slow answers it stays
+        # near zero, and a worker whose slots are all busy leaves the backlog to others
+        # (docs/decisions/0010-adaptive-prefetch.md).
+        self.prefetch = 0
+        self.slow_share = max(1, int(capacity * SLOW_SHARE))
+        self.leave_out_slow = True  # False right after a claim that left them out was empty
+        self.answered_at: dict[int, float] = {}  # destination id -> its last HTTP answer
+        self.retry_due = math.inf  # monotonic time the earliest retry we recorded is due
+
+    def limit(self, held: int, unrecorded: int) -> int:
+        """How many to claim now (0: wait for room). `held`: claims between claim and
+        result; `unrecorded`: results not yet recorded."""
+        if unrecorded >= UNRECORDED_LIMIT:
+            return 0
+        free = self.capacity + self.prefetch - held
+        if self.room(held) or (held == 0 and free > 0):
+            return min(free, CLAIM_CAP)
+        return 0
+
+    def room(self, held: int) -> bool:
+        free = self.capacity + self.prefetch - held
+        return free >= max(self.threshold, self.prefetch // 2)
+
+    def left_out(self, destinations: Mapping[int, DestinationSlots], now: float) -> list[int]:
+        """The destinations the next claim leaves out: silent ones holding their share."""
+        if not self.leave_out_slow:
+            return []
+        answered_at = self.answered_at
+        return [destination for destination, slots in destinations.items()
+                if slots.piling_up(self.slow_share, now, answered_at.get(destination))]
+
+    def claimed(self, left_out: list[int], limit: int, claimed: int,
+                answered_meanwhile: int) -> bool:
+        """Take in what a claim brought back; True when there is probably more to take
+        at once."""
+        self.leave_out_slow = not left_out or claimed > 0
+        self.prefetch = min(self.capacity, CLAIM_CAP, 2 * answered_meanwhile)
+        # A claim that left silent destinations out and found nothing else is followed
+        # at once by one that takes them too, not by a wait for the next poll.
+        return claimed == limit or (bool(left_out) and claimed == 0)
+
+    def wait_deadline(self) -> float:
+        """Until when an idle worker waits for a NOTIFY: the poll interval, or sooner a
+        retry it recorded (or a rate-limited destination's next token) falling due."""
+        deadline = min(time.monotonic() + POLL_INTERVAL_S, self.retry_due)
+        self.retry_due = math.inf
+        return deadline
+
+    def rate_limited(self, claims: Iterable[Claim], *, holding_booked: bool = False) -> None:
+        """Claim again soon after serving a rate-limited destination: it can book more
+        send times while this worker would otherwise wait for the poll interval, and a
+        second that passes unbooked is lost to the limit (take_rate_tokens.sql). Also
+        while the worker still holds booked claims (`holding_booked`), though this claim
+        booked none (its destination was booked a second ahead, or another claimer held
+        it): else the booked second could run out before the poll."""
+        fastest = max((c.rate_limit for c in claims if c.rate_limit is not None), default=None)
+        if fastest is not None:
+            wait = min(RATE_RECHECK_MAX_S, max(RATE_RECHECK_MIN_S, 1 / fastest))
+        elif holding_booked:
+            wait = RATE_RECHECK_MAX_S
+        else:
+            return
+        self.retry_due = min(self.retry_due, time.monotonic() + wait)
+
+    def retries_recorded(self, batch: Iterable[Result]) -> None:
+        """Remember when the earliest retry just recorded falls due, so that a short retry
+        delay is not stretched to the poll interval."""
+        due = [r.next_attempt_at for r in batch if r.outcome == "retry"]
+        if due:
+            seconds = (min(due) - utcnow()).total_seconds()  # type: ignore[type-var]
+            self.retry_due = min(self.retry_due, time.monotonic() + max(0.0, seconds))
+
+
+def claim_outlived_lease(took_s: float, lease_ms: int, max_timeout_ms: int) -> bool:
+    """A claim that took this long may have committed long before its answer came back
+    (this process was stopped or starved in between), so its lease may be nearly gone or
+    already reaped and sent by another worker: it is to be given back unsent (the release
+    is a no-op for rows no longer ours, see record_results.sql)."""
+    return took_s * 1000 > lease_ms - max_timeout_ms - LEASE_SAFETY_MS

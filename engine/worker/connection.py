@@ -1,0 +1,46 @@
+"""The worker's database connections: opened with the engine's session options, retried
+through outages until the drain deadline.
+
+Two connections per process: the claim loop's claims and LISTENs for new work
+(notifications that arrive during a claim wait in psycopg's backlog, so none is missed),
+the recorder's records results, so a slow flush never delays the next claim, and vice
+versa.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import psycopg
+from psycopg import sql
+
+from engine.database import session_options
+from engine.oplog import Outage
+from engine.queries import NOTIFY_CHANNEL
+
+RECONNECT_DELAY_S = 1.0
+
+
+class DatabaseGone(Exception):
+    """The drain deadline passed while the database could not be reached."""
+
+
+async def connect(
+    dsn: str, worker: str, *, listen: bool, outage: Outage, give_up: Callable[[], None],
+) -> psycopg.AsyncConnection:
+    """Connect, retrying every RECONNECT_DELAY_S; `give_up` raises DatabaseGone once the
+    worker is draining and past its deadline."""
+    while True:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                dsn, autocommit=True, application_name=f"engine worker {worker}",
+                options=session_options(dsn),
+            )
+            if listen:
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
+            return conn
+        except psycopg.OperationalError as exc:
+            outage.failed(exc, "connect")
+            give_up()
+            await asyncio.sleep(RECONNECT_DELAY_S)

@@ -1,0 +1,398 @@
+"""`DeliveryWorker`: the claim loop, sending, the sweep, and the drain that ends them.
+
+The roles it wires together have their own modules (see engine/worker/__init__.py): what
+to claim (claim_policy), per-destination slots (slots), what an answer means (outcome),
+recording results in batches (recorder), database connections (connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import math
+import signal
+import time
+from functools import partial
+
+import psycopg
+import uvloop
+from psycopg.errors import IdleInTransactionSessionTimeout
+
+from engine import queue_async
+from engine.config import Settings
+from engine.domain import BreakerSettings, Claim, Result, worker_id
+from engine.http_client import CurlPool, HttpResult
+from engine.metrics import count_results, instruments
+from engine.oplog import Outage, log_event
+from engine.send_pacing import SEND_AT_ONCE_S, SendSchedule
+from engine.signing import build_headers
+from engine.worker import outcome
+from engine.worker.claim_policy import ClaimPolicy, claim_outlived_lease
+from engine.worker.connection import RECONNECT_DELAY_S, DatabaseGone, connect
+from engine.worker.recorder import ResultRecorder
+from engine.worker.slots import DestinationSlots, Waiting, take_overstayed
+
+# A woken worker claims this much later (see _wait_for_work and
+# docs/decisions/0005-notify-gather-20ms.md).
+NOTIFY_GATHER_S = 0.02
+IDLE_SLICE_S = 0.25  # an idle claimer looks at the drain flag this often
+SWEEP_INTERVAL_S = 1.0
+
+
+def message_id(event_id: int) -> str:
+    """`webhook-id`: names the event, so every retry and every destination share it."""
+    return f"evt_{event_id}"
+
+
+# A rate-limited claim not sent this long after its booked time (a busy loop, slots full)
+# is released instead: back to pending, the attempt undone, booked again by a later claim.
+# Sent late, it would bunch with the sends booked after it; the bound (rate x 10 + one
+# burst of the rate in any 10 s window) leaves a second for lateness (take_rate_tokens.sql),
+# and half of it is kept for the network and the receiver.
+RATE_LATE_S = 0.5
+
+class DeliveryWorker:
+    def __init__(self, settings: Settings, dsn: str, worker: str | None = None) -> None:
+        self.settings = settings
+        self.dsn = dsn
+        self.worker = worker or worker_id()
+        self.capacity = settings.max_in_flight  # requests with libcurl at once
+        self.policy = ClaimPolicy(self.capacity)
+        self.held = 0  # claims between claim and result: being sent or waiting to be
+        self.ready: Waiting = Waiting()  # claims beyond the free slots (the prefetch)
+        # Rate-limited claims waiting for their booked send time (take_rate_tokens.sql).
+        self.paced = SendSchedule(self._send_paced)
+        self.answered = 0  # requests answered so far
+        self.destinations: dict[int, DestinationSlots] = {}
+        # A flush gave capped destinations' slots back: the notification it causes is
+        # answered by a claim at once, without the gathering pause (_wait_for_work).
+        self.slots_returned = False
+        self.stopping = False
+        self.drain_deadline = math.inf
+        self.sending = 0  # requests with libcurl
+        self.metrics = instruments()
+        # Failed claims, records and connects of one outage: two log lines, not one each.
+        self.outage = Outage("worker", worker=self.worker)
+        breaker = BreakerSettings(
+            settings.breaker_threshold, settings.breaker_base_pause_ms,
+            settings.breaker_max_pause_ms,
+        )
+        self.recorder = ResultRecorder(
+            self.worker, breaker, partial(self._connect, listen=False), self.outage,
+            self._give_up_after_drain_deadline, self._recorded,
+        )
+
+    @property
+    def results(self) -> list[Result]:
+        """Results not yet handed to the database."""
+        return self.recorder.results
+
+    # Lifecycle
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.room = asyncio.Event()
+        self.http_idle = asyncio.Event()
+        self.stop_requested = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
+        self.http = CurlPool(max_connects=self.capacity)
+        self.claim_conn = await self._connect(listen=True)
+        await self.recorder.open()
+        claimer = loop.create_task(self._claim_loop())
+        flusher = loop.create_task(self.recorder.run())
+        sweeper = loop.create_task(self._sweep_loop())
+        stop = loop.create_task(self.stop_requested.wait())
+        done, _ = await asyncio.wait(
+            {claimer, flusher, sweeper, stop}, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in done - {stop}:
+            task.result()  # a background loop that ended early has failed: let it raise
+        await self._drain(claimer, flusher, sweeper)
+
+    def begin_drain(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.drain_deadline = time.monotonic() + self.settings.drain_deadline_s
+        log_event("worker_drain_begun", worker=self.worker, in_flight=self.held)
+        self.room.set()
+        self.stop_requested.set()
+
+    async def _drain(
+        self, claimer: asyncio.Task[None], flusher: asyncio.Task[None],
+        sweeper: asyncio.Task[None],
+    ) -> None:
+        deadline = self.drain_deadline
+        # A claimer that gave up on the database has nothing more to hand over.
+        with contextlib.suppress(DatabaseGone):
+            await claimer
+        sweeper.cancel()
+        unsent = 0
+        for claim in self.paced.take_all():
+            self._release(claim)
+            unsent += 1
+        for waiting in self._waiting_queues():
+            while waiting:
+                claim, _ = waiting.popleft()
+                self._release(claim)
+                unsent += 1
+        if self.sending:
+            self.http_idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.http_idle.wait(), timeout=max(0.0, deadline - time.monotonic()))
+        unfinished = self.sending
+        await self.http.close()  # what is still unanswered comes back as released
+        self.recorder.close()
+        try:
+            await flusher
+        except DatabaseGone:
+            log_event("worker_drain_abandoned", worker=self.worker, unrecorded=len(self.results),
+                      reason="database unreachable until the drain deadline; the claims "
+                             "return to pending when their lease runs out")
+        await self.claim_conn.close()
+        await self.recorder.conn.close()
+        log_event(
+            "worker_drained", worker=self.worker, released_unsent=unsent,
+            released_unfinished=unfinished,
+        )
+
+    def _give_up_after_drain_deadline(self) -> None:
+        if self.stopping and time.monotonic() > self.drain_deadline:
+            raise DatabaseGone
+
+    async def _connect(self, *, listen: bool) -> psycopg.AsyncConnection:
+        return await connect(self.dsn, self.worker, listen=listen, outage=self.outage,
+                             give_up=self._give_up_after_drain_deadline)
+
+    # Claiming
+
+    async def _claim_loop(self) -> None:
+        settings = self.settings
+        policy = self.policy
+        maybe_more = True  # the last claim was full: there is probably more to take
+        while not self.stopping:
+            if not maybe_more:
+                maybe_more = await self._wait_for_work()
+                continue
+            limit = policy.limit(self.held, self.recorder.unrecorded)
+            if limit == 0:
+                self.room.clear()
+                await self.room.wait()
+                continue
+            reserve = int(settings.first_attempt_share * limit)
+            started = time.perf_counter()
+            answered_before = self.answered
+            left_out = policy.left_out(self.destinations, time.monotonic())
+            try:
+                claims = await queue_async.claim_batch(
+                    self.claim_conn, self.worker, limit, settings.lease_ms, reserve, left_out
+                )
+            except (psycopg.OperationalError, IdleInTransactionSessionTimeout) as exc:
+                # The second: the server ended a claim transaction this process left open
+                # too long (stopped or starved; see database.session_options).
+                self.outage.failed(exc, "claim")
+                await self._reconnect_claim()
+                continue
+            self.outage.recovered()
+            took = time.perf_counter() - started
+            maybe_more = policy.claimed(left_out, limit, len(claims),
+                                        self.answered - answered_before)
+            self.metrics.claim_seconds.observe(took)
+            self.metrics.claim_batch_size.observe(len(claims))
+            if self.stopping or self._claim_outlived_lease(took):
+                for claim in claims:
+                    self.held += 1
+                    self._release(claim)
+            else:
+                self._dispatch(claims)
+                policy.rate_limited(claims, holding_booked=bool(self.paced))
+            self.metrics.in_flight.set(self.sending)
+
+    def _claim_outlived_lease(self, took_s: float) -> bool:
+        if not claim_outlived_lease(took_s, self.settings.lease_ms,
+                                    self.settings.max_timeout_ms):
+            return False
+        log_event("worker_claim_too_late", worker=self.worker, took_s=round(took_s, 1))
+        return True
+
+    async def _reconnect_claim(self) -> None:
+        await self.claim_conn.close()
+        await asyncio.sleep(RECONNECT_DELAY_S)
+        self.claim_conn = await self._connect(listen=True)
+
+    async def _wait_for_work(self) -> bool:
+        """Until a NOTIFY arrives, the poll interval passes or a retry this worker recorded
+        falls due; False when draining."""
+        conn = self.claim_conn
+        deadline = self.policy.wait_deadline()
+        try:
+            while not self.stopping:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return True
+                woken = False
+                async for _ in conn.notifies(timeout=min(remaining, IDLE_SLICE_S), stop_after=1):
+                    woken = True
+                if woken:
+                    # Gather, then debounce: what arrives meanwhile is answered by the same
+                    # claim. Each NOTIFY wakes every worker, and a claim costs the database
+                    # about as much for 5 rows as for 50. Not after this worker gave capped
+                    # slots back: the notification is most likely its own, and the slots
+                    # stay empty until a claim refills them.
+                    if not self.slots_returned:
+                        await asyncio.sleep(NOTIFY_GATHER_S)
+                    self.slots_returned = False
+                    async for _ in conn.notifies(timeout=0):
+                        pass
+                    return True
+        except psycopg.OperationalError as exc:
+            self.outage.failed(exc, "listen")
+            await self._reconnect_claim()
+            return True
+        return False
+
+    def _dispatch(self, claims: list[Claim]) -> None:
+        now = time.monotonic()
+        schedule = self.settings.retry_schedule
+        for claim in claims:
+            if outcome.attempts_used_up(claim, schedule):
+                self.recorder.add(outcome.exhausted(claim))
+                continue
+            self.held += 1
+            if claim.send_delay_s > SEND_AT_ONCE_S:
+                self.paced.hold(claim, now)
+            elif self.sending < self.capacity:
+                self._route(claim, now)
+            else:
+                self.ready.append((claim, now))
+
+    def _send_paced(self, claim: Claim, since: float) -> None:
+        """A rate-limited claim's send time has come: on as any other claim, but ahead of
+        those waiting for a free slot (claims prefetched meanwhile would make it late)."""
+        if self.stopping:
+            self._release(claim)
+        elif self.sending < self.capacity:
+            self._route(claim, since)
+        else:
+            self.ready.appendleft((claim, since))
+
+    def _route(self, claim: Claim, since: float) -> None:
+        """Start a claim, or queue it behind its destination's max_in_flight."""
+        if (claim.send_at is not None
+                and time.monotonic() - since - claim.send_delay_s > RATE_LATE_S):
+            self._release(claim)  # too late for its booked send time
+            return
+        slots = self.destinations.get(claim.destination_id)
+        if slots is None:
+            slots = self.destinations[claim.destination_id] = DestinationSlots()
+        slots.cap = claim.max_in_flight
+        if slots.cap is not None and slots.active >= slots.cap:
+            slots.waiting.append((claim, since))
+        else:
+            self._start(claim, slots)
+
+    # Sending
+
+    def _start(self, claim: Claim, slots: DestinationSlots) -> None:
+        """Begin one POST; its result comes back to _on_response (a callback, no task)."""
+        slots.active += 1
+        body = claim.payload.encode()
+        try:
+            headers = build_headers(
+                claim.secrets, message_id(claim.event_id), int(time.time()), body,
+                claim.headers,
+            )
+        except ValueError as exc:  # a malformed secret: a failed attempt, not a crash
+            self.recorder.add(outcome.failure(
+                claim, self.settings.retry_schedule, outcome.utcnow(), None, None,
+                f"signing: {exc}"))
+            # From the loop, not from here: _finished starts the next waiting claim, which
+            # may fail the same way, and a long run of them must not recurse.
+            self.loop.call_soon(self._finished, slots, claim.destination_id)
+            return
+        timeout_ms = min(claim.timeout_ms, self.settings.max_timeout_ms)
+        self.sending += 1
+        slots.started[claim.id] = time.monotonic()
+        # Private targets are refused at connect time too: resolve, check and pin the
+        # address (cached per host).
+        self.http.start_checked(
+            claim.url, headers, body, timeout_ms, self.settings.target_allowance,
+            partial(self._on_response, claim, slots),
+        )
+
+    def _on_response(
+        self, claim: Claim, slots: DestinationSlots, response: HttpResult | None
+    ) -> None:
+        self.sending -= 1
+        self.answered += 1
+        if self.sending == 0:
+            self.http_idle.set()
+        slots.started.pop(claim.id, None)
+        if response is None:
+            # The drain deadline passed with this request unanswered.
+            result = outcome.released(claim)
+        else:
+            if response.status_code is not None:
+                self.policy.answered_at[claim.destination_id] = time.monotonic()
+            result = outcome.response_result(claim, response, self.settings.retry_schedule)
+        self.recorder.add(result, returns_slot=claim.fills_cap)
+        self._finished(slots, claim.destination_id)
+
+    def _finished(self, slots: DestinationSlots, destination_id: int) -> None:
+        slots.active -= 1
+        self.held -= 1
+        if slots.waiting and not self.stopping:
+            claim, _ = slots.waiting.popleft()
+            self._start(claim, slots)
+        elif slots.active == 0 and not slots.waiting:
+            self.destinations.pop(destination_id, None)
+        ready = self.ready
+        while ready and self.sending < self.capacity and not self.stopping:
+            claim, since = ready.popleft()
+            self._route(claim, since)
+        if self.policy.room(self.held):
+            self.room.set()
+
+    def _waiting_queues(self) -> list[Waiting]:
+        """Claims not yet sent: waiting for any free slot, or for their destination's."""
+        return [self.ready, *(slots.waiting for slots in self.destinations.values())]
+
+    def _release(self, claim: Claim) -> None:
+        """Give back a claim that was never sent: the attempt is undone."""
+        self.held -= 1
+        self.recorder.add(outcome.released(claim))
+
+    async def _sweep_loop(self) -> None:
+        """Release claims that waited for a slot (their destination's cap, or any free
+        slot) too long for their lease."""
+        lease_ms = self.settings.lease_ms
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            for claim in take_overstayed(self._waiting_queues(), time.monotonic(), lease_ms):
+                self._release(claim)
+            self.room.set()
+
+    # Recording
+
+    def _recorded(self, batch: list[Result], returned_slots: bool) -> None:
+        """A batch is in the database: wake the claim loop (and tell it whether slots of
+        capped destinations came back), note when retries fall due, count."""
+        self.slots_returned = self.slots_returned or returned_slots
+        self.policy.retries_recorded(batch)
+        count_results(self.metrics, batch)
+        self.metrics.in_flight.set(self.sending)
+        self.room.set()
+
+
+def run_worker_process(settings: Settings, dsn: str) -> int:
+    """Entry point of a forked worker child. SIGINT is left to the supervisor (a Ctrl-C
+    reaches the whole process group); SIGTERM starts the drain."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # What exists now (modules, the supervisor's state) lives as long as the process: keep
+    # it out of every later collection.
+    gc.freeze()
+    uvloop.run(DeliveryWorker(settings, dsn).run())
+    return 0

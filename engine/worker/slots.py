@@ -1,0 +1,56 @@
+"""Per-destination concurrency in one worker: requests running and claims waiting for a
+slot under their destination's max_in_flight (or for any free slot, in `ready`)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from engine.domain import Claim
+
+# A destination silent this long (no HTTP answer) while holding its share of the slots is
+# left out of claims (claim_policy.SLOW_SHARE says why).
+SLOW_REQUEST_S = 0.5
+# A claim waiting for its destination's max_in_flight must still be sent within its
+# lease: it is released once less than its timeout plus this margin is left.
+LEASE_SAFETY_MS = 10_000
+
+# Claims not yet sent, each with the monotonic time it was claimed.
+Waiting = deque[tuple[Claim, float]]
+
+
+class DestinationSlots:
+    """Local per-destination concurrency: requests running and claims waiting for a slot."""
+
+    __slots__ = ("active", "cap", "started", "waiting")
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.cap: int | None = None
+        self.waiting: Waiting = deque()
+        self.started: dict[int, float] = {}  # delivery id -> when its request began
+
+    def piling_up(self, share: int, now: float, answered_at: float | None) -> bool:
+        """Holding `share` slots or more while silent: no HTTP answer for SLOW_REQUEST_S,
+        or none yet in this process. A dead endpoint must not fill the slots during its
+        first SLOW_REQUEST_S, when claims come quickly; a live one answers within
+        milliseconds and is let through from then on. Silence, not the age of requests:
+        on a starved CPU even a fast endpoint's requests get old, but answers keep coming."""
+        if len(self.started) < share:
+            return False
+        return answered_at is None or now - answered_at > SLOW_REQUEST_S
+
+
+def take_overstayed(queues: Iterable[Waiting], now: float, lease_ms: int) -> list[Claim]:
+    """Remove and return the claims that waited too long for their lease to still cover
+    their request (each queue is in claiming order: the oldest first)."""
+    overstayed: list[Claim] = []
+    for waiting in queues:
+        while waiting:
+            claim, since = waiting[0]
+            allowed_ms = lease_ms - claim.timeout_ms - LEASE_SAFETY_MS
+            if (now - since) * 1000 < allowed_ms:
+                break
+            waiting.popleft()
+            overstayed.append(claim)
+    return overstayed

@@ -1,0 +1,60 @@
+"""Every engine/sql/ statement's header lists its parameters, and for the statements bound
+through a typed tuple (engine/sql_params.py) the header's names are the tuple's fields in
+order: a parameter reordered on one side fails here instead of writing the wrong column."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from engine import queries
+from engine.sql_params import STATEMENT_PARAMETERS
+
+SQL_DIR = Path(queries.__file__).with_name("sql")
+SQL_TYPE = r"(?:text|int|bigint|bool|float8|timestamptz|json|jsonb|bytea)(?:\[\])?"
+# "$5 capped destination ids bigint[]": the number, the name, the type.
+DEFINITION = re.compile(rf"\$(\d+)\s+([A-Za-z][\w\- ]*?)\s+{SQL_TYPE}(?=[\s,:;(]|$)")
+PARAMETER = re.compile(r"\$(\d+)")
+
+
+def split(path: Path) -> tuple[str, str]:
+    """(header, body): the leading comment lines, and the statement without comments."""
+    lines = path.read_text().splitlines()
+    count = 0
+    while count < len(lines) and lines[count].startswith("--"):
+        count += 1
+    body = "\n".join(line.split("--", 1)[0] for line in lines[count:])
+    return "\n".join(lines[:count]), body
+
+
+def header_names(header: str) -> list[str]:
+    """The parameter names in $n order, as `snake_case`; each $n's first definition."""
+    names: dict[int, str] = {}
+    for number, name in DEFINITION.findall(header):
+        names.setdefault(int(number), re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_"))
+    assert sorted(names) == list(range(1, len(names) + 1)), f"gaps in {sorted(names)}"
+    return [names[n] for n in sorted(names)]
+
+
+@pytest.mark.parametrize("path", sorted(SQL_DIR.glob("*.sql")), ids=lambda p: p.stem)
+def test_every_parameter_a_statement_binds_is_in_its_header(path: Path) -> None:
+    header, body = split(path)
+    assert header, f"{path.name} has no header comment"
+    used = {int(n) for n in PARAMETER.findall(body)}
+    listed = {int(n) for n in PARAMETER.findall(header)}
+    assert used <= listed, f"{path.name}: ${sorted(used - listed)} not in the header"
+    assert used == set(range(1, len(used) + 1)), f"{path.name}: gaps in {sorted(used)}"
+
+
+@pytest.mark.parametrize("name", sorted(STATEMENT_PARAMETERS))
+def test_each_header_names_the_parameters_in_the_order_their_tuple_binds_them(
+    name: str,
+) -> None:
+    header, body = split(SQL_DIR / f"{name}.sql")
+    fields = list(STATEMENT_PARAMETERS[name]._fields)  # type: ignore[attr-defined]
+    assert header_names(header) == fields
+    assert max(int(n) for n in PARAMETER.findall(body)) == len(fields)
+    # The statement the tuple binds is the one engine.queries loads under that name.
+    assert getattr(queries, name.upper()) == (SQL_DIR / f"{name}.sql").read_bytes()
