@@ -8,7 +8,9 @@ the others poll to take over. Jobs, each in bounded batches of short transaction
 - breaker_defer: due deliveries of destinations whose breaker is open move to the end of
   the pause, out of the claim's way (engine/sql/breaker_defer.sql);
 - auto_disable: destinations whose attempts have all failed for `disable_after` are
-  disabled, with an operational event (engine/sql/auto_disable.sql).
+  disabled, with an operational event (engine/sql/auto_disable.sql);
+- fold_minutes: the console's per-minute rollup rows of each worker are folded into one
+  per minute and destination (engine/sql/fold_delivery_minutes.sql).
 Each job run that did something logs one JSON line to stderr; so do leadership changes.
 """
 
@@ -40,6 +42,11 @@ RETENTION_INTERVAL_S = 300.0
 # statement reads only the small destinations table.
 AUTO_DISABLE_INTERVAL_S = 2.0
 RETENTION_BUDGET_S = 20.0
+# A minute's rows are folded once it is two minutes old; every 15 s keeps the unfolded
+# rows to about three minutes' worth per worker and destination.
+FOLD_MINUTES_INTERVAL_S = 15.0
+FOLD_MINUTES_BATCH = 5000
+FOLD_MINUTES_BUDGET_S = 5.0
 
 class Job:
     def __init__(self, name: str, interval_s: float,
@@ -70,9 +77,13 @@ def _jobs(settings: Settings, leadership: Leadership) -> list[Job]:
         assert row is not None
         return {"disabled": int(row[0]), "operational_events": int(row[1])}
 
+    def fold_minutes(conn: psycopg.Connection) -> dict[str, Any]:
+        return {"folded": fold_delivery_minutes(conn, keep_going=leadership.heartbeat)}
+
     return [Job("reaper", REAPER_INTERVAL_S, reaper),
             Job("auto_disable", AUTO_DISABLE_INTERVAL_S, auto_disable),
             Job("breaker_defer", BREAKER_DEFER_INTERVAL_S, breaker_defer),
+            Job("fold_minutes", FOLD_MINUTES_INTERVAL_S, fold_minutes),
             Job("retention", RETENTION_INTERVAL_S, retention)]
 
 
@@ -89,6 +100,24 @@ def defer_open_breakers(
             moved = _run(conn, queries.BREAKER_DEFER, (batch,)).rowcount
         total += moved
         if moved < batch:
+            break
+    return total
+
+
+def fold_delivery_minutes(
+    conn: psycopg.Connection, batch: int = FOLD_MINUTES_BATCH,
+    budget_s: float = FOLD_MINUTES_BUDGET_S, keep_going: Callable[[], bool] = lambda: True,
+) -> int:
+    """Fold the per-writer delivery_minutes rows of finished minutes, a batch per short
+    transaction, for at most `budget_s`; returns the rows folded away."""
+    total = 0
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline and keep_going():
+        with conn.transaction():
+            row = _run(conn, queries.FOLD_DELIVERY_MINUTES, (batch,)).fetchone()
+        folded = int(row[0]) if row else 0
+        total += folded
+        if folded < batch:
             break
     return total
 

@@ -1,5 +1,6 @@
-"""Retention: old finished deliveries, their attempts, then events nothing refers to,
-removed in bounded batches, each its own short transaction."""
+"""Retention: old finished deliveries, their attempts, then events nothing refers to, then
+the console's per-minute rollup rows past its longest window, removed in bounded batches,
+each its own short transaction."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from engine import queries
 from engine.queue import _run
 
 RETENTION_BATCH = 1000
+# delivery_minutes rows are kept this long (unless the retention cutoff is sooner): the
+# console's longest window (24 h, engine/ingress/console_api.MAX_WINDOW_S) and an hour.
+MINUTES_KEPT_S = 25 * 3600.0
 
 
 @dataclass
@@ -21,6 +25,7 @@ class RetentionReport:
     finished_deliveries: int = 0
     delivery_attempts: int = 0
     events: int = 0
+    delivery_minutes: int = 0
     batches: int = 0
     complete: bool = True  # False: stopped by the time budget, more is left for next run
 
@@ -42,21 +47,27 @@ def run_retention(
     report = RetentionReport()
     cutoff = cutoff_for(conn, retention_days)
     deadline = time.monotonic() + budget_s
-    for statement in (queries.RETENTION_FINISHED, queries.RETENTION_EVENTS):
+    steps = ((queries.RETENTION_FINISHED, (cutoff, batch)),
+             (queries.RETENTION_EVENTS, (cutoff, batch)),
+             (queries.RETENTION_MINUTES, (cutoff, batch, MINUTES_KEPT_S)))
+    for statement, params in steps:
         while True:
             if time.monotonic() > deadline or not keep_going():
                 report.complete = False
                 return report
             with conn.transaction():
-                cursor = _run(conn, statement, (cutoff, batch))
+                cursor = _run(conn, statement, params)
                 if statement is queries.RETENTION_FINISHED:
                     row = cursor.fetchone()
                     removed = int(row[0]) if row else 0
                     report.finished_deliveries += removed
                     report.delivery_attempts += int(row[1]) if row else 0
-                else:
+                elif statement is queries.RETENTION_EVENTS:
                     removed = cursor.rowcount
                     report.events += removed
+                else:
+                    removed = cursor.rowcount
+                    report.delivery_minutes += removed
             report.batches += 1
             if removed < batch:
                 break

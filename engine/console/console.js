@@ -235,8 +235,6 @@ function secretNotice(d) {
     el("button", { type: "button", class: "secondary", onclick: e => { e.target.parentNode.remove(); busy = false; } }, "Done"));
 }
 
-function numberOrNull(value) { return value === "" ? null : Number(value); }
-
 const destinations = {
   async load() {
     const [list, o] = await Promise.all([api("GET", "/v1/destinations"), api("GET", "/v1/overview")]);

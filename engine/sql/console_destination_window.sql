@@ -1,28 +1,25 @@
 -- console_destination_window: per destination, its backlog now and its attempts in the
--- window: how many, how many succeeded (2xx), duration p50/p99, the latest error.
+-- window: how many, how many succeeded (2xx), their duration histogram with its extremes
+-- (console_store.py computes p50/p99 from them, engine/duration_histogram.py), the
+-- latest error.
 --   $1 window seconds float8
--- Attempts come from delivery_attempts_started_idx (BRIN: the window's blocks only), each
--- naming its destination; the backlog is a GROUP BY over the hot table, which holds only
--- the backlog. So the cost is the window's attempts plus the queue, never the history.
-WITH recent AS (
-    SELECT destination_id, started_at, duration_ms, status_code, error
-      FROM delivery_attempts
-     WHERE started_at >= now() - $1::float8 * interval '1 second'
-), window_stats AS (
+-- The window is widened to whole minutes: every minute it overlaps counts.
+-- Attempts come from the per-minute rollup (delivery_minutes, schema/011) through its
+-- primary key (minute first): one row per minute and destination, whatever the delivery
+-- rate. The backlog is a GROUP BY over the hot table, which holds only the backlog. So
+-- the cost is the window's minutes plus the queue, never the history.
+WITH window_stats AS (
     SELECT destination_id,
-           count(*) AS attempts,
-           count(*) FILTER (WHERE status_code BETWEEN 200 AND 299) AS succeeded,
-           -- One sort for both percentiles.
-           percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY duration_ms) AS pct
-      FROM recent
-     WHERE destination_id IS NOT NULL
+           sum(succeeded + http_error + transport_error) AS attempts,
+           sum(succeeded) AS succeeded,
+           duration_histogram_sum(durations) AS durations,
+           min(min_ms) AS min_ms, max(max_ms) AS max_ms,
+           (array_agg(last_error ORDER BY last_error_at DESC)
+                FILTER (WHERE last_error_at IS NOT NULL))[1] AS last_error,
+           max(last_error_at) AS last_error_at
+      FROM delivery_minutes
+     WHERE minute > now() - $1::float8 * interval '1 second' - interval '1 minute'
      GROUP BY destination_id
-), last_errors AS (
-    -- Only the failed attempts are sorted, not the whole window.
-    SELECT DISTINCT ON (destination_id) destination_id, error, started_at
-      FROM recent
-     WHERE destination_id IS NOT NULL AND error IS NOT NULL
-     ORDER BY destination_id, started_at DESC
 ), backlog AS (
     SELECT destination_id,
            count(*) FILTER (WHERE status = 'pending') AS pending,
@@ -31,12 +28,10 @@ WITH recent AS (
      GROUP BY destination_id
 )
 SELECT dest.id, coalesce(b.pending, 0) AS pending, coalesce(b.in_flight, 0) AS in_flight,
-       coalesce(w.attempts, 0) AS attempts, coalesce(w.succeeded, 0) AS succeeded,
-       w.pct[1] AS p50_ms, w.pct[2] AS p99_ms, e.error AS last_error,
-       e.started_at AS last_error_at
+       coalesce(w.attempts, 0)::bigint AS attempts, coalesce(w.succeeded, 0)::bigint AS succeeded,
+       w.durations, w.min_ms, w.max_ms, w.last_error, w.last_error_at
   FROM destinations dest
   LEFT JOIN backlog b ON b.destination_id = dest.id
   LEFT JOIN window_stats w ON w.destination_id = dest.id
-  LEFT JOIN last_errors e ON e.destination_id = dest.id
  WHERE dest.deleted_at IS NULL
  ORDER BY dest.id
