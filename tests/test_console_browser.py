@@ -303,7 +303,7 @@ def test_deliveries_filters_are_in_the_url_and_bulk_replay_confirms_the_count(
     expect(page.locator("#replay-confirm")).to_contain_text(f"Replay {dead_now} dead")
     screenshot(world, page, "bulk-replay-confirm")
     page.click("[data-action=confirm-replay]")
-    expect(page.locator("main")).to_contain_text(f"Replayed {dead_now} deliveries")
+    expect(page.locator("main")).to_contain_text(f"Replayed {dead_now} deliver")
 
 
 def test_edit_a_destination_and_see_a_refused_value_next_to_its_field(

@@ -130,10 +130,10 @@ pages.destination = id => ({
       busy = true;
       const body = sinceIso ? { status: "dead", since: sinceIso } : { status: "dead" };
       replaySlot.replaceChildren(el("div", { class: "notice", id: "replay-confirm" },
-        `Replay ${count} dead deliveries of destination ${id}${sinceIso ? ` since ${time(sinceIso)}` : ""}? `,
+        `Replay ${plural(count, "dead delivery", "dead deliveries")} of destination ${id}${sinceIso ? ` since ${time(sinceIso)}` : ""}? `,
         el("button", { type: "button", "data-action": "confirm-replay", onclick: async () => {
           const done = await act("Replay", api("POST", `/v1/destinations/${id}/replay`, body));
-          if (done) main.prepend(notice(`Replayed ${done.replayed} deliveries.`));
+          if (done) main.prepend(notice(`Replayed ${plural(done.replayed, "delivery", "deliveries")}.`));
         } }, `Replay ${count}`), " ",
         el("button", { type: "button", class: "secondary", onclick: () => { replaySlot.replaceChildren(); busy = false; } }, "Cancel")));
     });
@@ -179,7 +179,7 @@ function deliveryRows(data) {
     el("td", {}, el("a", { href: `#/destination/${d.destination_id}` }, d.destination_id)),
     el("td", {}, el("span", { class: `badge s-${d.status}` }, d.status)), el("td", { class: "num" }, d.attempt),
     el("td", {}, d.status === "pending" ? time(d.next_attempt_at) : "–"),
-    el("td", { class: "error" }, d.last_error || "–"), el("td", {}, time(d.created_at))));
+    errorCell(d.last_error), el("td", {}, time(d.created_at))));
 }
 
 pages.deliveries = (_, params) => ({
@@ -224,7 +224,7 @@ pages.delivery = id => ({
     const attempts = d.attempts.slice().reverse().map(a => el("tr", { "data-attempt": a.attempt },
       el("td", { class: "num" }, a.attempt), el("td", {}, time(a.started_at)),
       el("td", { class: "num" }, ms(a.duration_ms)), el("td", { class: "num" }, a.status_code ?? "–"),
-      el("td", { class: "error" }, a.error || "–"),
+      errorCell(a.error),
       el("td", {}, a.response_body ? el("pre", { class: "response-body" }, a.response_body) : "–")));
     const replay = el("button", { type: "button", id: "replay", disabled: d.status === "in_flight",
       onclick: () => act("Replay", api("POST", `/v1/deliveries/${id}/replay`)) }, "Replay");
@@ -241,7 +241,7 @@ pages.delivery = id => ({
       el("p", {}, replay, " ", el("span", { class: "muted" }, "sends it again as a first attempt")),
       el("h2", {}, "Event payload"), el("pre", { id: "payload" }, JSON.stringify(event.payload, null, 2)),
       el("h2", {}, `Attempts (${d.attempts.length})`),
-      d.attempts.length ? table(["#", "started", "duration#", "status#", "error", "response body"], attempts)
+      d.attempts.length ? table(["attempt#", "started", "duration#", "status#", "error", "response body"], attempts)
         : el("p", { class: "muted" }, "No attempt yet."));
   },
 });
