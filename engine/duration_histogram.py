@@ -2,8 +2,9 @@
 (delivery_minutes.durations, schema/011_delivery_minutes.sql).
 
 Bucket 0 holds 0 ms; bucket k (1..len(BOUNDS)) holds the durations from BOUNDS[k - 1] up
-to BOUNDS[k] (the last one open-ended): four buckets per doubling of the duration, so the
-k-th smallest duration is placed within one bucket, at most 19 % wide. The SQL function
+to BOUNDS[k] (the last one, from 881,744 ms or 14.7 minutes, open-ended): four buckets per
+doubling of the duration, so the k-th smallest duration is placed within one bucket, at
+most 19 % wide (below the last one). The SQL function
 duration_bucket_bounds() holds the same list (tests/test_delivery_minutes.py compares
 them); bisect_right here is width_bucket() there.
 """

@@ -20,7 +20,7 @@ from engine import queries, queue
 from engine.duration_histogram import BOUNDS, BUCKETS, bucket_of, percentile
 from engine.ingress.console_api import MAX_WINDOW_S
 from engine.maintenance import fold_delivery_minutes
-from engine.queue import EventIn, Result
+from engine.queue import BreakerSettings, EventIn, Result
 from engine.retention import MINUTES_KEPT_S, run_retention
 from tests.dbserver import truncate_all
 from tests.test_queue import add_destination
@@ -72,8 +72,9 @@ def test_percentiles_stay_within_the_buckets_of_the_exact_ones(
     low, high = ordered[math.floor(rank)], ordered[math.ceil(rank)]
     assert max(bucket_low(low), min(values)) <= estimate <= min(bucket_high(high),
                                                                 max(values))
-    if low == high and bucket_low(low) >= 8:
-        # Within 19 % of the exact value (a bucket's width from 8 ms on).
+    if low == high and bucket_low(low) >= 8 and bucket_of(low) < len(BOUNDS):
+        # Within 19 % of the exact value (a bucket's width from 8 ms on, below the last,
+        # open-ended bucket: 14.7 minutes and more).
         assert abs(estimate - exact_percentile(values, q)) <= 0.19 * low
     if len(set(values)) == 1:
         assert estimate == values[0]
@@ -111,7 +112,7 @@ def writers(dsn: str) -> Iterator[list[psycopg.Connection]]:
         yield [one, two]
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.lists(_attempt, min_size=1, max_size=12), min_size=1, max_size=5),
        st.booleans())
@@ -126,7 +127,11 @@ def test_the_rollup_counts_exactly_what_the_attempts_say(
         writer = writers[number % 2]
         worker = f"test:{number % 2}"
         queue.enqueue_events(db, [EventIn("t", "{}", [destinations[a[0]]]) for a in batch])
-        claims = queue.claim_batch(writer, worker, len(batch), 60_000)
+        claims: list[queue.Claim] = []
+        for _ in range(len(batch)):  # a claim may take fewer of one destination at a time
+            claims += queue.claim_batch(writer, worker, len(batch) - len(claims), 60_000)
+            if len(claims) == len(batch):
+                break
         assert len(claims) == len(batch)
         by_destination: dict[int, list[queue.Claim]] = {}
         for claim in claims:
@@ -144,7 +149,9 @@ def test_the_rollup_counts_exactly_what_the_attempts_say(
             later = now + dt.timedelta(minutes=5) if outcome == "retry" else None
             results.append(Result(claim.id, claim.attempt, outcome, started, duration, code,
                                   error, None, later, claim.claim_token))
-        assert queue.record_results(writer, worker, results) == len(results)
+        # A breaker that never opens: its pauses would keep later batches from claiming.
+        never_open = BreakerSettings(threshold=10_000)
+        assert queue.record_results(writer, worker, results, never_open) == len(results)
         if lost:  # the worker died holding these: lost attempts, recorded as such
             assert queue.release_claims(db, worker, 10) == lost
         # Nothing left is due: the next batch claims exactly its own deliveries.
