@@ -215,9 +215,11 @@ def relations(plan: Plan) -> set[str]:
 
 
 def rows_read(plan: Plan, relation: str) -> int:
-    """Rows the plan's scans of `relation` returned, over all their loops."""
-    return sum(int(n["Actual Rows"]) * int(n.get("Actual Loops", 1)) for n in nodes(plan)
-               if n.get("Relation Name") == relation)
+    """Rows the plan's scans of `relation` read (returned or filtered out), over all their
+    loops."""
+    return sum((int(n["Actual Rows"]) + int(n.get("Rows Removed by Filter", 0)))
+               * int(n.get("Actual Loops", 1))
+               for n in nodes(plan) if n.get("Relation Name") == relation)
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)
@@ -227,7 +229,11 @@ def test_window_statistics_read_the_rollup_not_the_attempts(
     """The chart, the destinations' windows and a destination's stats read the window's
     rollup rows through its indexes, and no attempt at all."""
     by_minute = "delivery_minutes_pkey"
-    of_one = "delivery_minutes_destination_idx"
+    # One destination's window: through its own index, or (a generic plan, which cannot
+    # tell how selective the destination is) the window's range of the primary key, whose
+    # rows lie in minute order on disk, filtered: with 10 destinations the planner rightly
+    # finds that cheaper. Either way the rows read are the window's, never more.
+    of_one = f"delivery_minutes_destination_idx|{by_minute}"
     cases = [
         # (what, statement, types, params, indexes, rows returned, rollup rows read at most)
         ("console_minutes", queries.CONSOLE_MINUTES, "", [], {by_minute}, 60,
@@ -235,9 +241,10 @@ def test_window_statistics_read_the_rollup_not_the_attempts(
         ("console_destination_window", queries.CONSOLE_DESTINATION_WINDOW, "float8", [3600.0],
          {by_minute}, DESTINATIONS, 61 * DESTINATIONS),
         ("destination_stats_1h", queries.DESTINATION_STATS, "bigint, float8, timestamptz",
-         [3, 3600.0, None], {of_one, "finished_deliveries_dead_idx"}, 1, 61),
+         [3, 3600.0, None], {of_one, "finished_deliveries_dead_idx"}, 1, 61 * DESTINATIONS),
         ("destination_stats_24h", queries.DESTINATION_STATS, "bigint, float8, timestamptz",
-         [3, 86400.0, None], {of_one, "finished_deliveries_dead_idx"}, 1, 24 * 60 + 1),
+         [3, 86400.0, None], {of_one, "finished_deliveries_dead_idx"}, 1,
+         (24 * 60 + 1) * DESTINATIONS),
     ]
     for what, statement, types, params, uses, rows, most in cases:
         if not params:  # no parameters: PREPARE takes no type list

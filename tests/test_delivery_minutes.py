@@ -164,6 +164,17 @@ def test_the_rollup_counts_exactly_what_the_attempts_say(
                           " AND minute < date_trunc('minute', now()) - interval '1 minute'"
                           ).fetchone() == (0,)
     maintained = db.execute(ROLLUP).fetchall()
+    # The console's two readers sum the same histograms (bucket by bucket, in SQL).
+    window = {row[0]: row for row in
+              queue._run(db, queries.CONSOLE_DESTINATION_WINDOW, (3600.0,)).fetchall()}
+    for destination in destinations:
+        mine = [r for r in maintained if r[1] == destination]
+        summed = ([sum(column) for column in zip(*(r[5] for r in mine), strict=True)]
+                  if mine else None)
+        stats = queue._run(db, queries.DESTINATION_STATS, (destination, 3600.0, None)).fetchone()
+        assert stats is not None and stats[4] == summed
+        assert window[destination][5] == summed
+        assert stats[0] == window[destination][3] == sum(r[2] + r[3] + r[4] for r in mine)
     with db.transaction():
         db.execute("DELETE FROM delivery_minutes")
         db.execute(BACKFILL)
