@@ -29,13 +29,16 @@ import psycopg
 from psycopg import RawCursor
 
 from engine import queries, queue
-from engine.queue import EventIn, Result
+from engine.database import engine_conninfo
+from engine.queue import BreakerSettings, EventIn, Result
 
 BATCH = 500
 _START, _END = b"), minutes AS (", b"), outcomes AS ("
 WITHOUT_ROLLUP = (queries.RECORD_RESULTS[:queries.RECORD_RESULTS.index(_START)]
                   + queries.RECORD_RESULTS[queries.RECORD_RESULTS.index(_END):])
 SHARED_ROW = queries.RECORD_RESULTS.replace(b"pg_backend_pid()", b"0")
+# Breakers that never open: a paused destination's deliveries could not be claimed.
+NEVER_OPEN = BreakerSettings(threshold=10**6)
 
 
 def results_for(claims: list[queue.Claim], rng: random.Random) -> list[Result]:
@@ -54,6 +57,17 @@ def results_for(claims: list[queue.Claim], rng: random.Random) -> list[Result]:
             results.append(Result(c.id, c.attempt, "dead", now, 10_000, None, "timed out",
                                   claim_token=c.claim_token))
     return results
+
+
+def claim(conn: psycopg.Connection, worker: str, count: int) -> list[queue.Claim]:
+    """`count` claims (a claim may take fewer of a destination at a time than asked)."""
+    claims: list[queue.Claim] = []
+    while len(claims) < count:
+        more = queue.claim_batch(conn, worker, count - len(claims), 60_000)
+        if not more:
+            raise SystemExit(f"the backlog ran out at {len(claims)} of {count} claims")
+        claims += more
+    return claims
 
 
 def execution_ms(conn: psycopg.Connection, statement: bytes, params: tuple) -> float:
@@ -75,7 +89,7 @@ def enqueue(conn: psycopg.Connection, destinations: list[int], count: int) -> No
 
 def single_session(url: str, rounds: int, destinations: int) -> dict[str, Any]:
     rng = random.Random(17)
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(engine_conninfo(url), autocommit=True) as conn:  # jit off
         ids = benchdb.add_destinations(conn, destinations)
         enqueue(conn, ids, rounds * 2 * BATCH)
         conn.execute("VACUUM (ANALYZE)")
@@ -84,8 +98,8 @@ def single_session(url: str, rounds: int, destinations: int) -> dict[str, Any]:
         for n in range(rounds * 2):
             variant = "with_rollup" if n % 2 else "without_rollup"
             statement = queries.RECORD_RESULTS if n % 2 else WITHOUT_ROLLUP
-            claims = queue.claim_batch(conn, worker, BATCH, 60_000)
-            params = queue.record_params(worker, results_for(claims, rng))
+            claims = claim(conn, worker, BATCH)
+            params = queue.record_params(worker, results_for(claims, rng), NEVER_OPEN)
             times[variant].append(execution_ms(conn, statement, params))
     summary: dict[str, Any] = {
         k: {"median_ms": round(statistics.median(v), 3), "min_ms": round(min(v), 3)}
@@ -109,11 +123,11 @@ def two_writers(url: str, rounds: int) -> dict[str, Any]:
         def writer(tag: str, statement: bytes = statement, times: list[float] = times,
                    lock: threading.Lock = lock) -> None:
             rng = random.Random(tag)
-            with psycopg.connect(url, autocommit=True) as conn:
+            with psycopg.connect(engine_conninfo(url), autocommit=True) as conn:
                 worker = queue.worker_id(tag)
                 for _ in range(rounds):
-                    claims = queue.claim_batch(conn, worker, 100, 60_000)
-                    params = queue.record_params(worker, results_for(claims, rng))
+                    claims = claim(conn, worker, 100)
+                    params = queue.record_params(worker, results_for(claims, rng), NEVER_OPEN)
                     started = time.perf_counter()
                     with conn.transaction():
                         queue._run(conn, statement, params).fetchall()
