@@ -86,6 +86,7 @@ function editForm(d) {
   form.addEventListener("submit", async event => {
     event.preventDefault();
     for (const slot of form.querySelectorAll(".field-error")) slot.textContent = "";
+    for (const old of main.querySelectorAll(".notice:not(#new-secret, #replay-confirm)")) old.remove();
     const f = new FormData(form);
     try {
       const body = {
@@ -152,7 +153,7 @@ pages.destination = id => ({
           `${d.rate_limit === null ? "no limit" : `${d.rate_limit} requests/s`} / ${d.ordered ? "ordered" : "not ordered"}`),
         el("dt", {}, "retry schedule"), el("dd", { id: "destination-schedule" },
           d.retry_schedule ? d.retry_schedule.join(", ") : "the engine's (--retry-schedule)"),
-        el("dt", {}, "extra headers"), el("dd", { id: "destination-headers" },
+        el("dt", {}, "extra headers"), el("dd", { id: "destination-headers", class: "lines" },
           d.headers && Object.keys(d.headers).length ? headerLines(d.headers) : "none"),
         el("dt", {}, "backlog"), el("dd", {}, `${stats.pending} pending, ${stats.in_flight} in flight, ${stats.dead} dead`),
         el("dt", {}, "last hour"), el("dd", { id: "destination-stats" },
