@@ -71,6 +71,9 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
     retry_schedule: list[float] | None = None  # its own retry delays (seconds), if any
     rate_limit: float | None = None  # its requests per second, if limited
     claim_token: int | None = None  # names this claim; its results carry it (schema/009)
+    # This claim filled its destination's max_in_flight: claimers are being turned away
+    # until a slot comes back, so the worker records its results sooner (worker.py).
+    fills_cap: bool = False
 
 
 OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})

@@ -44,10 +44,11 @@ from engine.signing import build_headers
 CLAIM_CAP = 500  # most rows one claim takes
 FLUSH_SIZE = 500
 FLUSH_INTERVAL_S = 0.05
-# A result that gives a capped destination's slot back is recorded this soon instead: until
-# it is, the slot stays taken in the database and no claimer can refill it. At 50 ms, with
-# destinations capped at 5 answering in 100 ms (bench capped-slow), slots stood idle a
-# third of the time.
+# A result that gives back a slot of a destination its claim filled up to max_in_flight is
+# recorded this soon instead: until it is, the slot stays taken in the database and no
+# claimer can refill it. At 50 ms, with destinations capped at 5 answering in 100 ms
+# (bench capped-slow), slots stood idle a third of the time. Only then: a cap that is far
+# from full loses nothing by waiting, and ten times the record statements would cost it.
 SLOT_FLUSH_INTERVAL_S = 0.005
 # No claim while this many results wait to be recorded: a slow database slows the
 # claiming instead of piling up outcomes in memory.
@@ -437,7 +438,7 @@ class DeliveryWorker:
             if response.status_code is not None:
                 self.answered_at[claim.destination_id] = time.monotonic()
             result = self._outcome(claim, response)
-        self._add_result(result, returns_slot=claim.max_in_flight is not None)
+        self._add_result(result, returns_slot=claim.fills_cap)
         self._finished(slots, claim.destination_id)
 
     def _finished(self, slots: _DestinationSlots, destination_id: int) -> None:

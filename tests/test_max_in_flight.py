@@ -40,6 +40,21 @@ def test_claim_stops_at_the_cap_and_refills(conn: psycopg.Connection) -> None:
     assert [c.destination_id for c in again] == [capped]
 
 
+def test_a_claim_says_whether_it_filled_the_cap(conn: psycopg.Connection) -> None:
+    """fills_cap: the claim took the last free slots of its destination (the worker then
+    records those results at once, for the claimers turned away meanwhile)."""
+    filled = add_destination(conn, max_in_flight=3)
+    roomy = add_destination(conn, max_in_flight=50)
+    free = add_destination(conn)
+    with conn.transaction():
+        queue.enqueue_events(conn, [EventIn("t", "{}", [filled, roomy, free]) for _ in range(5)])
+    claims = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    by_destination = {d: {c.fills_cap for c in claims if c.destination_id == d}
+                      for d in (filled, roomy, free)}
+    assert by_destination == {filled: {True}, roomy: {False}, free: {False}}
+    assert sum(c.destination_id == filled for c in claims) == 3
+
+
 def test_capped_backlog_does_not_shrink_the_batch(conn: psycopg.Connection) -> None:
     """Capped rows first in line must not take the batch's slots from other destinations."""
     capped = add_destination(conn, max_in_flight=2)

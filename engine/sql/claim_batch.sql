@@ -228,7 +228,13 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
             THEN ARRAY[dest.secret, dest.previous_secret]
             ELSE ARRAY[dest.secret] END AS secrets,
        ev.payload, dest.max_in_flight, dest.headers, dest.retry_schedule, dest.rate_limit,
-       c.claim_token
+       c.claim_token,
+       -- Full after this claim (`dest` is the row as the statement began, before
+       -- slots_taken): the worker then gives these slots back within milliseconds.
+       coalesce(dest.in_flight + taken.n >= dest.max_in_flight, false) AS fills_cap
   FROM claimed c
   JOIN destinations dest ON dest.id = c.destination_id
   JOIN events ev ON ev.id = c.event_id
+  LEFT JOIN (SELECT destination_id, count(*) AS n FROM claimed
+              WHERE holds_slot GROUP BY destination_id) taken
+    ON taken.destination_id = c.destination_id
