@@ -23,7 +23,8 @@ CREATE TABLE delivery_minutes (
     http_error      integer NOT NULL DEFAULT 0,  -- another status: the destination answered
     transport_error integer NOT NULL DEFAULT 0,  -- no answer (timeout, refused, lost)
     -- Attempt durations as a histogram: element i (1-based) counts the attempts of bucket
-    -- i - 1 of duration_bucket() below; attempts without a duration (lost ones) are not in it.
+    -- i - 1 of duration_bucket_bounds() below; attempts without a duration (lost ones) are
+    -- not in it.
     durations       integer[] NOT NULL,
     min_ms          integer,               -- the shortest and longest duration counted
     max_ms          integer,
