@@ -131,3 +131,23 @@ CREATE TABLE delivery_attempts (
 );
 CREATE INDEX delivery_attempts_delivery_idx ON delivery_attempts (delivery_id, id);
 CREATE INDEX delivery_attempts_started_idx ON delivery_attempts USING brin (started_at);
+
+CREATE TABLE delivery_minutes (
+    minute timestamp with time zone NOT NULL,
+    destination_id bigint NOT NULL,
+    writer integer NOT NULL,
+    succeeded integer DEFAULT 0 NOT NULL,
+    http_error integer DEFAULT 0 NOT NULL,
+    transport_error integer DEFAULT 0 NOT NULL,
+    durations integer[] NOT NULL,
+    min_ms integer,
+    max_ms integer,
+    last_error text,
+    last_error_at timestamp with time zone,
+    CONSTRAINT delivery_minutes_pkey PRIMARY KEY (minute, destination_id, writer)
+);
+ALTER TABLE delivery_minutes SET (
+    fillfactor=70
+);
+CREATE INDEX delivery_minutes_destination_idx ON delivery_minutes (destination_id, minute);
+CREATE INDEX delivery_minutes_unfolded_idx ON delivery_minutes (minute) WHERE (writer <> 0);

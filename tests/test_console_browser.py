@@ -303,7 +303,45 @@ def test_deliveries_filters_are_in_the_url_and_bulk_replay_confirms_the_count(
     expect(page.locator("#replay-confirm")).to_contain_text(f"Replay {dead_now} dead")
     screenshot(world, page, "bulk-replay-confirm")
     page.click("[data-action=confirm-replay]")
-    expect(page.locator("main")).to_contain_text(f"Replayed {dead_now} deliveries")
+    expect(page.locator("main")).to_contain_text(f"Replayed {dead_now} deliver")
+
+
+def test_edit_a_destination_and_see_a_refused_value_next_to_its_field(
+    world: dict[str, Any], page: Page
+) -> None:
+    client = world["client"]
+    created = client.request("POST", "/v1/destinations",
+                             {"url": "http://127.0.0.1:9/edited"}).json()
+    open_console(world, page, f"destination/{created['id']}")
+    form = page.locator("#edit-destination")
+    form.locator("input[name=rate_limit]").fill("2.5")
+    form.locator("input[name=retry_schedule]").fill("10s, 1m")
+    form.locator("textarea[name=headers]").fill("X-Team: payments\nX-Env: test")
+    form.locator("input[name=ordered]").check()
+    form.locator("button[type=submit]").click()
+    expect(page.locator("main .notice")).to_contain_text("Saved.")
+    expect(page.locator("#destination-rate")).to_have_text("2.5 requests/s / ordered")
+    expect(page.locator("#destination-schedule")).to_have_text("10s, 1m")
+    assert db_rows(world, "SELECT rate_limit, retry_schedule, headers, ordered"
+                          " FROM destinations WHERE id = %s", (created["id"],)) == [
+        (2.5, [10.0, 60.0], {"X-Team": "payments", "X-Env": "test"}, True)]
+
+    # A header the engine sets itself: the API refuses it, the form says so by the field,
+    # and nothing changes.
+    form = page.locator("#edit-destination")
+    form.locator("textarea[name=headers]").fill("Content-Type: text/plain")
+    form.locator("input[name=rate_limit]").fill("0")
+    form.locator("button[type=submit]").click()
+    error = form.locator("[data-error-for=rate_limit]")
+    expect(error).to_contain_text("rate_limit")
+    form.locator("input[name=rate_limit]").fill("2.5")
+    form.locator("button[type=submit]").click()
+    expect(form.locator("[data-error-for=headers]")).to_contain_text(
+        "the engine sets this header itself")
+    expect(form.locator("[data-error-for=rate_limit]")).to_be_empty()
+    assert db_rows(world, "SELECT rate_limit, headers FROM destinations WHERE id = %s",
+                   (created["id"],)) == [(2.5, {"X-Team": "payments", "X-Env": "test"})]
+    screenshot(world, page, "destination-edit-refused")
 
 
 def test_console_works_without_a_token_on_loopback(

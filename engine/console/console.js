@@ -60,6 +60,13 @@ function table(headers, rows) {
     el("tbody", {}, rows));
 }
 
+// An error in red; none as a muted dash.
+function errorCell(error) {
+  return error ? el("td", { class: "error" }, error) : el("td", { class: "muted" }, "–");
+}
+
+function plural(count, one, many) { return `${count} ${count === 1 ? one : many}`; }
+
 function notice(text, kind) { return el("div", { class: `notice ${kind || ""}` }, text); }
 
 function destinationState(d) {
@@ -198,7 +205,7 @@ const overview = {
         down.map(d => { const x = names.get(d.id); return el("tr", {},
           el("td", {}, el("a", { href: `#/destination/${d.id}` }, d.id)), el("td", {}, x.url),
           el("td", {}, destinationState(x)), el("td", { class: "num" }, x.consecutive_failures),
-          el("td", {}, time(x.paused_until)), el("td", { class: "error" }, d.last_error || "–")); }))
+          el("td", {}, time(x.paused_until)), errorCell(d.last_error)); }))
         : el("p", { class: "muted" }, "All breakers are closed."));
   },
 };
@@ -235,8 +242,6 @@ function secretNotice(d) {
     el("button", { type: "button", class: "secondary", onclick: e => { e.target.parentNode.remove(); busy = false; } }, "Done"));
 }
 
-function numberOrNull(value) { return value === "" ? null : Number(value); }
-
 const destinations = {
   async load() {
     const [list, o] = await Promise.all([api("GET", "/v1/destinations"), api("GET", "/v1/overview")]);
@@ -268,9 +273,9 @@ const destinations = {
         el("td", { class: "state" }, destinationState(d)),
         el("td", { class: "num backlog" }, `${s.pending} / ${s.in_flight}`),
         el("td", { class: "num rate" }, rate), el("td", { class: "num" }, ms(s.p99_ms)),
-        el("td", { class: "error" }, s.last_error || "–"),
-        el("td", {}, destinationActions(d, onSecret),
-          el("a", { href: `#/deliveries?destination_id=${d.id}&status=dead` }, "dead")));
+        errorCell(s.last_error),
+        el("td", { class: "actions" }, destinationActions(d, onSecret),
+          el("a", { href: `#/deliveries?destination_id=${d.id}&status=dead` }, "dead deliveries")));
     });
     show(el("h1", {}, "Destinations"), secretSlot, create,
       table(["id", "url", "state", "pending / in flight#", "success 1h#", "p99 1h#", "last error 1h", ""], rows));

@@ -13,28 +13,108 @@ function isoToLocalInput(value) {
   return new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 16);
 }
 
+// ---- Editing a destination: every field PATCH /v1/destinations/{id} takes but the
+// switches (pause, disable, rotate), validated by the API alone (the form is novalidate),
+// whose message is shown next to the field it names.
+
+class FieldError extends Error {
+  constructor(field, message) { super(message); this.field = field; }
+}
+
+function headerLines(headers) { return Object.entries(headers).map(([n, v]) => `${n}: ${v}`).join("\n"); }
+
+function parseHeaders(text) {
+  const headers = {};
+  text.split("\n").forEach((line, index) => {
+    if (!line.trim()) return;
+    const colon = line.indexOf(":");
+    if (colon < 1) throw new FieldError("headers", `headers: line ${index + 1} is not "Name: value"`);
+    headers[line.slice(0, colon).trim()] = line.slice(colon + 1).trim();
+  });
+  return Object.keys(headers).length ? headers : null;
+}
+
+function listOrNull(text) {
+  const items = String(text).split(",").map(t => t.trim()).filter(Boolean);
+  return items.length ? items : null;
+}
+
+// Numbers as numbers; anything else as typed, for the API to refuse with its own message.
+function numberField(text) {
+  const value = String(text).trim();
+  if (value === "") return null;
+  return Number.isFinite(Number(value)) ? Number(value) : value;
+}
+
+// The field an API validation message is about: "rate_limit: ...", "headers['X']: ...",
+// "retry_schedule[0]: ..." or msgspec's "... - at `$.timeout_ms`".
+function fieldOf(message) {
+  const match = /^([a-z_]+)[[:]/.exec(message) || /`\$\.([a-z_]+)/.exec(message);
+  return match ? match[1] : null;
+}
+
+function field(label, name, input, hint) {
+  return el("label", { class: "field" }, label, input,
+    hint ? el("span", { class: "hint" }, hint) : null,
+    el("span", { class: "field-error", "data-error-for": name }));
+}
+
+function editForm(d) {
+  const form = el("form", { class: "inline", id: "edit-destination", novalidate: true },
+    field("URL", "url", el("input", { name: "url", type: "url", size: 40, value: d.url })),
+    field("event types", "event_types",
+      el("input", { name: "event_types", value: (d.event_types || []).join(", ") }), "comma separated; empty: all"),
+    field("max in flight", "max_in_flight",
+      el("input", { name: "max_in_flight", type: "number", value: d.max_in_flight ?? "" }), "empty: no cap"),
+    field("timeout ms", "timeout_ms", el("input", { name: "timeout_ms", type: "number", value: d.timeout_ms })),
+    field("rate limit", "rate_limit",
+      el("input", { name: "rate_limit", inputmode: "decimal", size: 8, value: d.rate_limit ?? "" }),
+      "requests/s; empty: none"),
+    field("retry schedule", "retry_schedule",
+      el("input", { name: "retry_schedule", size: 24, value: (d.retry_schedule || []).join(", "),
+                    placeholder: "10s, 1m, 10m" }), "comma separated; empty: the engine's"),
+    field("extra headers", "headers",
+      el("textarea", { name: "headers", rows: 3, cols: 32, placeholder: "X-Team: payments" },
+        d.headers ? headerLines(d.headers) : ""), "one Name: value per line"),
+    el("label", { class: "field check" },
+      el("span", {}, el("input", { name: "ordered", type: "checkbox", checked: d.ordered }), " ordered"),
+      el("span", { class: "hint" }, "one at a time per ordering key"),
+      el("span", { class: "field-error", "data-error-for": "ordered" })),
+    el("button", { type: "submit" }, "Save"));
+  // Once something is typed, the live refresh leaves the form alone until it is saved.
+  form.addEventListener("input", () => { busy = true; });
+  form.addEventListener("submit", async event => {
+    event.preventDefault();
+    for (const slot of form.querySelectorAll(".field-error")) slot.textContent = "";
+    for (const old of main.querySelectorAll(".notice:not(#new-secret, #replay-confirm)")) old.remove();
+    const f = new FormData(form);
+    try {
+      const body = {
+        url: f.get("url"), event_types: listOrNull(f.get("event_types")),
+        max_in_flight: numberField(f.get("max_in_flight")), timeout_ms: numberField(f.get("timeout_ms")),
+        rate_limit: numberField(f.get("rate_limit")), retry_schedule: listOrNull(f.get("retry_schedule")),
+        headers: parseHeaders(String(f.get("headers"))), ordered: f.get("ordered") === "on",
+      };
+      await api("PATCH", `/v1/destinations/${d.id}`, body);
+    } catch (error) {
+      const name = error instanceof FieldError ? error.field : fieldOf(error.message);
+      const slot = name && form.querySelector(`[data-error-for="${name}"]`);
+      if (!slot) return act("Save", Promise.reject(error));
+      busy = true;
+      slot.textContent = error.message;
+      return null;
+    }
+    return act("Save", Promise.resolve()).then(() => main.prepend(notice("Saved.")));
+  });
+  return form;
+}
+
 pages.destination = id => ({
   async load() {
     const [d, stats] = await Promise.all([
       api("GET", `/v1/destinations/${id}`), api("GET", `/v1/destinations/${id}/stats?window=1h`)]);
     const secretSlot = el("div", {});
-    const edit = el("form", { class: "inline", id: "edit-destination" },
-      el("label", {}, "URL", el("input", { name: "url", type: "url", size: 40, value: d.url })),
-      el("label", {}, "event types (comma separated, empty: all)",
-        el("input", { name: "event_types", value: (d.event_types || []).join(", ") })),
-      el("label", {}, "max in flight (empty: no cap)",
-        el("input", { name: "max_in_flight", type: "number", min: 1, value: d.max_in_flight ?? "" })),
-      el("label", {}, "timeout ms", el("input", { name: "timeout_ms", type: "number", min: 1, value: d.timeout_ms })),
-      el("button", { type: "submit" }, "Save"));
-    edit.addEventListener("submit", event => {
-      event.preventDefault();
-      const f = new FormData(edit);
-      const types = String(f.get("event_types")).split(",").map(t => t.trim()).filter(Boolean);
-      act("Save", api("PATCH", `/v1/destinations/${id}`, {
-        url: f.get("url"), event_types: types.length ? types : null,
-        max_in_flight: numberOrNull(f.get("max_in_flight")), timeout_ms: Number(f.get("timeout_ms")),
-      }));
-    });
+    const edit = editForm(d);
     const since = el("input", { name: "since", type: "datetime-local" });
     const replaySlot = el("div", {});
     const replay = el("form", { class: "inline", id: "bulk-replay" },
@@ -51,10 +131,10 @@ pages.destination = id => ({
       busy = true;
       const body = sinceIso ? { status: "dead", since: sinceIso } : { status: "dead" };
       replaySlot.replaceChildren(el("div", { class: "notice", id: "replay-confirm" },
-        `Replay ${count} dead deliveries of destination ${id}${sinceIso ? ` since ${time(sinceIso)}` : ""}? `,
+        `Replay ${plural(count, "dead delivery", "dead deliveries")} of destination ${id}${sinceIso ? ` since ${time(sinceIso)}` : ""}? `,
         el("button", { type: "button", "data-action": "confirm-replay", onclick: async () => {
           const done = await act("Replay", api("POST", `/v1/destinations/${id}/replay`, body));
-          if (done) main.prepend(notice(`Replayed ${done.replayed} deliveries.`));
+          if (done) main.prepend(notice(`Replayed ${plural(done.replayed, "delivery", "deliveries")}.`));
         } }, `Replay ${count}`), " ",
         el("button", { type: "button", class: "secondary", onclick: () => { replaySlot.replaceChildren(); busy = false; } }, "Cancel")));
     });
@@ -69,6 +149,12 @@ pages.destination = id => ({
         el("dt", {}, "disabled reason"), el("dd", {}, d.disabled_reason || "–"),
         el("dt", {}, "event types"), el("dd", {}, d.event_types ? d.event_types.join(", ") : "all"),
         el("dt", {}, "max in flight / timeout"), el("dd", {}, `${d.max_in_flight ?? "no cap"} / ${d.timeout_ms} ms`),
+        el("dt", {}, "rate limit / ordered"), el("dd", { id: "destination-rate" },
+          `${d.rate_limit === null ? "no limit" : `${d.rate_limit} requests/s`} / ${d.ordered ? "ordered" : "not ordered"}`),
+        el("dt", {}, "retry schedule"), el("dd", { id: "destination-schedule" },
+          d.retry_schedule ? d.retry_schedule.join(", ") : "the engine's (--retry-schedule)"),
+        el("dt", {}, "extra headers"), el("dd", { id: "destination-headers", class: "lines" },
+          d.headers && Object.keys(d.headers).length ? headerLines(d.headers) : "none"),
         el("dt", {}, "backlog"), el("dd", {}, `${stats.pending} pending, ${stats.in_flight} in flight, ${stats.dead} dead`),
         el("dt", {}, "last hour"), el("dd", { id: "destination-stats" },
           `${total} attempts: ${stats.succeeded} succeeded, ${stats.http_error} HTTP errors, ${stats.transport_error} without answer`
@@ -94,7 +180,7 @@ function deliveryRows(data) {
     el("td", {}, el("a", { href: `#/destination/${d.destination_id}` }, d.destination_id)),
     el("td", {}, el("span", { class: `badge s-${d.status}` }, d.status)), el("td", { class: "num" }, d.attempt),
     el("td", {}, d.status === "pending" ? time(d.next_attempt_at) : "–"),
-    el("td", { class: "error" }, d.last_error || "–"), el("td", {}, time(d.created_at))));
+    errorCell(d.last_error), el("td", {}, time(d.created_at))));
 }
 
 pages.deliveries = (_, params) => ({
@@ -139,7 +225,7 @@ pages.delivery = id => ({
     const attempts = d.attempts.slice().reverse().map(a => el("tr", { "data-attempt": a.attempt },
       el("td", { class: "num" }, a.attempt), el("td", {}, time(a.started_at)),
       el("td", { class: "num" }, ms(a.duration_ms)), el("td", { class: "num" }, a.status_code ?? "–"),
-      el("td", { class: "error" }, a.error || "–"),
+      errorCell(a.error),
       el("td", {}, a.response_body ? el("pre", { class: "response-body" }, a.response_body) : "–")));
     const replay = el("button", { type: "button", id: "replay", disabled: d.status === "in_flight",
       onclick: () => act("Replay", api("POST", `/v1/deliveries/${id}/replay`)) }, "Replay");
@@ -156,7 +242,7 @@ pages.delivery = id => ({
       el("p", {}, replay, " ", el("span", { class: "muted" }, "sends it again as a first attempt")),
       el("h2", {}, "Event payload"), el("pre", { id: "payload" }, JSON.stringify(event.payload, null, 2)),
       el("h2", {}, `Attempts (${d.attempts.length})`),
-      d.attempts.length ? table(["#", "started", "duration#", "status#", "error", "response body"], attempts)
+      d.attempts.length ? table(["attempt#", "started", "duration#", "status#", "error", "response body"], attempts)
         : el("p", { class: "muted" }, "No attempt yet."));
   },
 });

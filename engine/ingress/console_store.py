@@ -1,7 +1,8 @@
 """The console's reads: events, deliveries by event type or time, per-destination stats and
-the overview. Each statement is a file under engine/sql/ whose header says which index
-serves it; tests/test_console_plan.py holds them to that with a million finished
-deliveries."""
+the overview (the last two from the per-minute rollup, schema/011, whose duration
+histograms become percentiles here). Each statement is a file under engine/sql/ whose
+header says which index serves it; tests/test_console_plan.py holds them to that with a
+million finished deliveries."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from psycopg.rows import dict_row
 
 from engine import queries, status
 from engine.database import run_statement_async
+from engine.duration_histogram import percentile
 from engine.ingress import schemas as s
 
 
@@ -63,7 +65,21 @@ async def destination_stats(
 ) -> s.DestinationStats:
     rows = await _fetchall(conn, queries.DESTINATION_STATS,
                            (destination_id, window_s, dead_since))
-    return s.DestinationStats(destination_id, window_s, *rows[0], dead_since)
+    (attempts, succeeded, http_error, transport_error, counts, lowest, highest, pending,
+     in_flight, dead) = rows[0]
+    p50, p90, p99 = (percentile(counts or (), q, lowest, highest) for q in (0.5, 0.9, 0.99))
+    return s.DestinationStats(destination_id, window_s, attempts, succeeded, http_error,
+                              transport_error, p50, p90, p99, pending, in_flight, dead,
+                              dead_since)
+
+
+def _destination_summary(row: tuple) -> s.DestinationSummary:
+    (id_, pending, in_flight, attempts, succeeded, counts, lowest, highest, last_error,
+     last_error_at) = row
+    return s.DestinationSummary(
+        id_, pending, in_flight, attempts, succeeded,
+        percentile(counts or (), 0.5, lowest, highest),
+        percentile(counts or (), 0.99, lowest, highest), last_error, last_error_at)
 
 
 # status_queue.sql's fan-out averages read a day of events: at most this often, per
@@ -124,6 +140,6 @@ async def overview(conn: AsyncConnection, window_s: float) -> s.Overview:
         queue=s.QueueDepth(**depth),
         breakers=s.BreakerCounts(**collected["breakers"]),
         per_minute=[s.MinuteCount(*row) for row in minutes],
-        destinations=[s.DestinationSummary(*row) for row in destinations],
+        destinations=[_destination_summary(row) for row in destinations],
         warnings=status.warnings(collected),
     )

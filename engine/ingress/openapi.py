@@ -119,8 +119,8 @@ OPERATIONS: tuple[Operation, ...] = (
               ),
               errors=(422, *_DB)),
     Operation("destination_stats", "GET", "/v1/destinations/{id}/stats",
-              "A destination's attempts in a window by outcome, duration p50/p90/p99,"
-              " backlog and dead count",
+              "A destination's attempts in a window (to the minute) by outcome, duration"
+              " p50/p90/p99 (from a histogram, within 19 %), backlog and dead count",
               200, s.DestinationStats,
               query=(
                   Param("window", _WINDOW, "a duration from 1s to 24h; default 1h"),

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from engine.config import Settings
-from engine.maintenance import auto_disable, breaker_defer, reaper, retention
+from engine.maintenance import auto_disable, breaker_defer, fold_minutes, reaper, retention
 from engine.maintenance.leader import Leadership
 from engine.oplog import Outage, log_event
 
@@ -35,12 +35,15 @@ def _jobs(settings: Settings, leadership: Leadership) -> list[Job]:
     disabling = auto_disable.AutoDisableSettings(settings.disable_after_s)
     deferring = breaker_defer.BreakerDeferSettings()
     retaining = retention.RetentionSettings(settings.retention_days)
+    folding = fold_minutes.FoldMinutesSettings()
     return [
         Job("reaper", reaping.interval_s, partial(reaper.run_once, settings=reaping)),
         Job("auto_disable", disabling.interval_s,
             partial(auto_disable.run_once, settings=disabling)),
         Job("breaker_defer", deferring.interval_s, partial(
             breaker_defer.run_once, settings=deferring, keep_going=leadership.heartbeat)),
+        Job("fold_minutes", folding.interval_s, partial(
+            fold_minutes.run_once, settings=folding, keep_going=leadership.heartbeat)),
         Job("retention", retaining.interval_s, partial(
             retention.run_once, settings=retaining, keep_going=leadership.heartbeat)),
     ]

@@ -1,5 +1,6 @@
-"""Retention: old finished deliveries, their attempts, then events nothing refers to,
-removed in bounded batches, each its own short transaction."""
+"""Retention: old finished deliveries, their attempts, then events nothing refers to, then
+the console's per-minute rollup rows past its longest window, removed in bounded batches,
+each its own short transaction."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from engine.database import repeat_until_short, run_statement
 from engine.sql_params import RetentionBatchParams
 
 RETENTION_BATCH = 1000
+# delivery_minutes rows are kept this long (unless the retention cutoff is sooner): the
+# console's longest window (24 h, engine/ingress/console_api.MAX_WINDOW_S) and an hour.
+MINUTES_KEPT_S = 25 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class RetentionReport:
     finished_deliveries: int = 0
     delivery_attempts: int = 0
     events: int = 0
+    delivery_minutes: int = 0
     batches: int = 0
     complete: bool = True  # False: stopped by the time budget, more is left for next run
     retention_days: float = 0.0  # what it applied: older than this was deleted
@@ -71,7 +76,15 @@ def run_retention(
         report.batches += 1
         return removed
 
-    for one_batch in (finished_batch, events_batch):
+    def minutes_batch() -> int:
+        with conn.transaction():
+            removed = run_statement(conn, queries.RETENTION_MINUTES,
+                                    (cutoff, batch, MINUTES_KEPT_S)).rowcount
+        report.delivery_minutes += removed
+        report.batches += 1
+        return removed
+
+    for one_batch in (finished_batch, events_batch, minutes_batch):
         if not repeat_until_short(one_batch, batch, in_budget)[1]:
             report.complete = False
             return report

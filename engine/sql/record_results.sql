@@ -9,7 +9,8 @@
 --   $6 advisory lock class int (the key space of "updating this destination's breaker")
 --   $7 notification channel text: the one idle workers LISTEN on (engine.queries)
 -- Returns the results applied, the breakers opened, the claimers woken and the
--- operational events enqueued.
+-- operational events enqueued. The attempts also go to the console's per-minute rollup
+-- (`minutes`, schema/011).
 --
 -- One JSON document, not one array per column: psycopg builds each array element by
 -- element in Python (6 us per result, a tenth of a worker's CPU per delivery), while the
@@ -80,6 +81,38 @@ WITH result AS (
            r.body, r.error
       FROM result r
       JOIN applied a ON a.id = r.id
+), minutes AS (
+    -- The same attempts added to the console's per-minute rollup (schema/011): one upsert
+    -- per (minute, destination) of the batch, into this session's own row (writer), which
+    -- no other transaction writes meanwhile, so it waits for no other worker.
+    INSERT INTO delivery_minutes AS m
+           (minute, destination_id, writer, succeeded, http_error, transport_error,
+            durations, min_ms, max_ms, last_error, last_error_at)
+    SELECT date_trunc('minute', r.started_at), a.destination_id, pg_backend_pid(),
+           count(*) FILTER (WHERE r.status_code BETWEEN 200 AND 299),
+           count(*) FILTER (WHERE r.status_code NOT BETWEEN 200 AND 299),
+           count(*) FILTER (WHERE r.status_code IS NULL),
+           duration_histogram(array_agg(r.duration_ms)), min(r.duration_ms),
+           max(r.duration_ms),
+           (array_agg(left(r.error, 500) ORDER BY r.started_at DESC)
+                FILTER (WHERE r.error IS NOT NULL))[1],
+           max(r.started_at) FILTER (WHERE r.error IS NOT NULL)
+      FROM result r
+      JOIN applied a ON a.id = r.id
+     GROUP BY 1, 2
+     ORDER BY 1, 2
+        ON CONFLICT (minute, destination_id, writer) DO UPDATE
+       SET succeeded = m.succeeded + excluded.succeeded,
+           http_error = m.http_error + excluded.http_error,
+           transport_error = m.transport_error + excluded.transport_error,
+           durations = duration_histogram_add(m.durations, excluded.durations),
+           min_ms = least(m.min_ms, excluded.min_ms),
+           max_ms = greatest(m.max_ms, excluded.max_ms),
+           last_error = CASE WHEN m.last_error_at IS NULL
+                               OR excluded.last_error_at >= m.last_error_at
+                             THEN coalesce(excluded.last_error, m.last_error)
+                             ELSE m.last_error END,
+           last_error_at = greatest(m.last_error_at, excluded.last_error_at)
 ), outcomes AS (
     -- Outcomes in the order the worker saw them: what matters for the breaker is whether
     -- anything succeeded and how many failures came after the last success. A window, not

@@ -60,6 +60,23 @@ WITH lost AS (
     SELECT id, destination_id, attempt, now(), $3 FROM requeued
     UNION ALL
     SELECT id, destination_id, attempt, now(), $3 FROM died
+), minutes AS (
+    -- Lost attempts count in the console's per-minute rollup (schema/011) as attempts
+    -- without an answer, in this session's own row, as record_results.sql adds its own.
+    INSERT INTO delivery_minutes AS m
+           (minute, destination_id, writer, transport_error, durations, last_error,
+            last_error_at)
+    SELECT date_trunc('minute', now()), destination_id, pg_backend_pid(), count(*),
+           duration_histogram('{}'), left($3, 500), now()
+      FROM (SELECT destination_id FROM requeued
+            UNION ALL
+            SELECT destination_id FROM died) returned
+     GROUP BY destination_id
+     ORDER BY destination_id
+        ON CONFLICT (minute, destination_id, writer) DO UPDATE
+       SET transport_error = m.transport_error + excluded.transport_error,
+           last_error = excluded.last_error,
+           last_error_at = excluded.last_error_at
 ), operational AS (
     -- engine.delivery.dead for each, as record_results.sql does (not for deliveries of
     -- operational events); enqueue_operational_event() is in schema/008.

@@ -22,7 +22,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from engine.embedded import ensure_server
 from engine.migrate import migrate
 
-TABLES = ("delivery_attempts", "finished_deliveries", "deliveries", "events", "destinations")
+TABLES = ("delivery_attempts", "finished_deliveries", "deliveries", "events", "destinations",
+          "delivery_minutes")
 
 
 @contextmanager
