@@ -3,7 +3,7 @@
 take_rate_tokens.sql books each claimed delivery of a rate-limited destination a send time
 1/rate after the previous one, and the claim may come back before that time: the worker
 sends it no earlier. What the receiver sees is then spaced as booked, give or take each
-send's lateness (see schema/011_rate_send_schedule.sql for why the claim alone was not
+send's lateness (see schema/012_rate_send_schedule.sql for why the claim alone was not
 enough)."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ breaker.
 The backlog comes after the limited destination was idle (a bucket spent at claim time
 would be full: a burst) together with a backlog elsewhere that keeps the workers busy
 (so sends come late by varying amounts): what put 228 requests in a 10 s window at rate
-20 when the limit was a bucket spent at claim time (schema/011_rate_send_schedule.sql).
+20 when the limit was a bucket spent at claim time (schema/012_rate_send_schedule.sql).
 """
 
 from __future__ import annotations

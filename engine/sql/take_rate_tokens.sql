@@ -14,7 +14,7 @@
 -- are the sends, and a claim is sent later by a varying amount (new connections, a busy
 -- event loop, a worker's `ready` queue). With a bucket of one second's worth, a burst sent
 -- late next to claims sent at once exceeded the bound (rate x 10 + one burst of the rate
--- in any 10 s window; see schema/011_rate_send_schedule.sql). Send times 1/rate apart
+-- in any 10 s window; see schema/012_rate_send_schedule.sql). Send times 1/rate apart
 -- with no burst at all put at most rate x 10 (+1) of them in any 10 s window, which leaves
 -- (rate - 1) / rate of a second for a send's lateness before the bound is reached.
 -- Why book up to a second ahead: the claim that books a destination's next second does
