@@ -19,8 +19,8 @@
 -- (rate - 1) / rate of a second for a send's lateness before the bound is reached.
 -- Why book up to a second ahead: the claim that books a destination's next second does
 -- not have to come exactly when a send falls due. Workers claim again within half a second
--- while they serve a limited destination (worker.py, _recheck_rate_limited), so the
--- schedule never runs dry while there is backlog and the limit is used fully; a
+-- while they serve a limited destination (engine/worker/claim_policy.py, rate_limited),
+-- so the schedule never runs dry while there is backlog and the limit is used fully; a
 -- destination booked a second ahead is not touched (no lock, no write).
 -- Why the state lives in the destination row: the limit holds across processes and hosts
 -- with nothing but the database, whose clock every claimer shares, and the state is one
