@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import datetime as dt
 from importlib import resources
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import msgspec
 
 from engine.ingress import console_store, errors, store
 from engine.ingress import schemas as s
+from engine.ingress.http import Request, Response, int_param, json_response
 from engine.retry import parse_duration
-
-if TYPE_CHECKING:
-    from types import ModuleType
-
-    from engine.ingress.app import Request, Response
 
 DEFAULT_WINDOW_S = 3600.0
 MAX_WINDOW_S = 24 * 3600.0
@@ -50,14 +46,6 @@ def _load_assets() -> dict[str, tuple[bytes, list[tuple[bytes, bytes]]]]:
         name: ((folder / name).read_bytes(), [(b"content-type", kind), *_SECURITY_HEADERS])
         for name, kind in _ASSETS.items()
     }
-
-
-def _app() -> ModuleType:
-    """engine.ingress.app, which imports this module for the mixin: looked up at call
-    time so that either module can be imported first."""
-    from engine.ingress import app
-
-    return app
 
 
 def time_param(params: dict[str, str], name: str) -> dt.datetime | None:
@@ -113,7 +101,7 @@ class ConsoleApi:
         if self._console_assets is None:
             self._console_assets = _load_assets()
         body, headers = self._console_assets[name]
-        return _app().Response(200, body, headers)
+        return Response(200, body, headers)
 
     async def console_page(self, request: Request) -> Response:
         return self._asset("console.html")
@@ -131,13 +119,13 @@ class ConsoleApi:
         params = request.query({"type", "since", "until", "limit", "after"})
         event_type = text_param(params, "type")
         since, until = time_param(params, "since"), time_param(params, "until")
-        limit = (_app()._int_param(params, "limit", 1, s.MAX_LIST_LIMIT)
+        limit = (int_param(params, "limit", 1, s.MAX_LIST_LIMIT)
                  or s.DEFAULT_LIST_LIMIT)
         after = cursor_param(params)
         async with self._connection() as conn:
             rows = await console_store.list_events(conn, event_type, since, until, after, limit)
         next_cursor = str(rows[-1].id) if len(rows) == limit else None
-        return _app()._json(200, s.EventPage(rows, next_cursor))
+        return json_response(200, s.EventPage(rows, next_cursor))
 
     async def destination_stats(self, request: Request) -> Response:
         assert request.path_id is not None
@@ -150,12 +138,12 @@ class ConsoleApi:
             stats = await console_store.destination_stats(
                 conn, request.path_id, window_s, dead_since
             )
-        return _app()._json(200, stats)
+        return json_response(200, stats)
 
     async def overview(self, request: Request) -> Response:
         window_s = window_param(request.query({"window"}))
         async with self._connection() as conn:
-            return _app()._json(200, await console_store.overview(conn, window_s))
+            return json_response(200, await console_store.overview(conn, window_s))
 
     async def console_deliveries(
         self, params: dict[str, str], destination_id: int | None, status: str | None,
