@@ -52,6 +52,7 @@ sys.path.insert(0, str(HERE))
 
 import benchdb  # noqa: E402
 import drain  # noqa: E402
+import drain_watch  # noqa: E402
 import mixes  # noqa: E402
 from drain import FakeDestination  # noqa: E402
 from peer_pgqueuer import ENTRYPOINT  # noqa: E402
@@ -139,7 +140,7 @@ def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, o
         ]
         workers = [subprocess.Popen(command) for _ in range(args.procs)]
         try:
-            watched = drain.watch_drain(dest, count, {
+            watched = drain_watch.watch_drain(dest, count, {
                 "pgqueuer": [w.pid for w in workers], "postgres": [pg_pid],
                 "destination": [dest.pid]}, workers)
             # Done at the destination; the completions may still be on their way.
@@ -155,7 +156,7 @@ def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, o
         "scenario": name,
         "deliveries": count,
         "left_in_queue": left[0] if left else None,
-        **drain.drain_report(watched),
+        **drain_watch.drain_report(watched),
         "peer_command": " ".join(command[1:]).replace(dsn, "DSN"),
         "postgres": server,
     }
@@ -209,14 +210,14 @@ def main() -> int:
                 # The destination mixes have no pgqueuer side: it has no per-destination cap.
                 report = drain.run_scenario(name, admin_dsn, args)
                 mixed[name].append(report)
-                drain.save_report(reports, name, report)
+                drain_watch.save_report(reports, name, report)
             for name in names:
                 engine = drain.run_scenario(name, admin_dsn, args)
                 time.sleep(1)
                 peer = run_peer(name, admin_dsn, args)
                 pair = pair_summary(name, engine, peer)
                 pairs[name].append(pair)
-                drain.save_report(
+                drain_watch.save_report(
                     reports, f"peers-{name}", {"pair": pair, "engine": engine, "pgqueuer": peer})
                 print(json.dumps(pair), flush=True)
     medians = {

@@ -1,0 +1,148 @@
+"""Watching a drain from the fake destination's side and reporting it (bench/drain.py and
+bench/peers.py): when the first delivery arrived and the last, the rate between them,
+duplicates, concurrency, the arrivals' shape, and the CPU each part (engine, PostgreSQL,
+destination, a peer) spent per delivery from the first delivery on."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import psutil
+from mixes import drain_stats
+
+from tests.kit.fakedest import FakeDestination
+
+TIMEOUT_S = 300.0
+
+
+def tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of a process and all its descendants, by pid."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    seconds = {}
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        seconds[proc.pid] = times.user + times.system
+    return seconds
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(value - before.get(pid, 0.0) for pid, value in after.items())
+
+
+class Watched(NamedTuple):
+    stats: dict[str, Any]  # the fake destination's counters for the drained name
+    cpu_s: dict[str, float]  # CPU seconds per part, from the first delivery on
+    delivered_before: int  # delivered when CPU counting began
+    arrivals_ms: list[int]
+
+
+def watch_drain(
+    dest: FakeDestination, count: int, parts: dict[str, list[int]],
+    senders: list[subprocess.Popen[bytes]],
+) -> Watched:
+    """Wait until the destination has `count` deliveries for "drain"; CPU of each part's
+    process trees counted from the first delivery on: start-up (imports, migrations,
+    forks) is not per-delivery work. RuntimeError if a sender exits first."""
+    deadline = time.monotonic() + TIMEOUT_S
+
+    def check_senders() -> None:
+        if any(sender.poll() is not None for sender in senders):
+            codes = [sender.poll() for sender in senders]
+            raise RuntimeError(f"a sending process exited before the drain was done: {codes}")
+
+    while time.monotonic() < deadline and not drain_stats(dest).get("requests"):
+        check_senders()
+        time.sleep(0.005)
+    before = parts_cpu(parts)
+    delivered_before = int(drain_stats(dest).get("delivered_ids", 0))
+    stats: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        stats = drain_stats(dest)
+        if int(stats.get("delivered_ids", 0)) >= count:
+            break
+        check_senders()
+        # Many names make each poll a large document for the destination to write.
+        time.sleep(0.1 if len(stats.get("names", ())) <= 1 else 0.5)
+    after = parts_cpu(parts)
+    cpu_s = {part: cpu_delta(before[part], after[part]) for part in parts}
+    # Arrival times are fetched per name: for the single-destination scenarios only.
+    names = list(stats.get("names", ()))
+    arrivals = sorted(dest.arrivals(names[0]).values()) if len(names) == 1 else []
+    return Watched(stats, cpu_s, delivered_before, arrivals)
+
+
+def parts_cpu(parts: dict[str, list[int]]) -> dict[str, dict[int, float]]:
+    return {
+        part: {child: s for pid in pids for child, s in tree_cpu(pid).items()}
+        for part, pids in parts.items()
+    }
+
+
+def drain_report(watched: Watched) -> dict[str, object]:
+    """What the destination saw: rate from its first to its last request, duplicates,
+    concurrency, the arrivals' shape (a ramp, a stall or bursts show here, not in the
+    rate) and CPU per delivery of each part."""
+    stats = watched.stats
+    delivered = int(stats.get("delivered_ids", 0))
+    span_s = (int(stats["last_request_ms"]) - int(stats["first_request_ms"])) / 1000
+    per_delivery = 1e6 / max(delivered - watched.delivered_before, 1)
+    return {
+        "delivered_at_destination": delivered,
+        "duplicates": stats.get("duplicates"),
+        "span_s": round(span_s, 3),
+        "deliveries_per_s": round(delivered / span_s) if span_s > 0 else None,
+        "max_in_flight_at_destination": stats.get("max_concurrent"),
+        **arrival_timeline(watched.arrivals_ms),
+        "cpu_s": {part: round(seconds, 2) for part, seconds in watched.cpu_s.items()},
+        "cpu_us_per_delivery": {
+            part: round(seconds * per_delivery, 1) for part, seconds in watched.cpu_s.items()
+        },
+    }
+
+
+def arrival_timeline(arrivals_ms: list[int]) -> dict[str, object]:
+    """First arrivals per 50 ms from the first one on, and the longest gap between two."""
+    if not arrivals_ms:
+        return {"arrivals_per_50ms": [], "longest_arrival_gap_ms": None}
+    buckets = [0] * ((arrivals_ms[-1] - arrivals_ms[0]) // 50 + 1)
+    for at in arrivals_ms:
+        buckets[(at - arrivals_ms[0]) // 50] += 1
+    gaps = [b - a for a, b in itertools.pairwise(arrivals_ms)]
+    return {"arrivals_per_50ms": buckets, "longest_arrival_gap_ms": max(gaps, default=0)}
+
+
+def save_report(folder: Path, name: str, report: dict[str, Any]) -> str:
+    """Write the report as `<name>-<UTC stamp>.json` in `folder`; returns its JSON."""
+    text = json.dumps(report, indent=2)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    (folder / f"{name}-{stamp}.json").write_text(text + "\n")
+    return text
+
+
+def summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each run's deliveries/s and the medians of a repeated scenario."""
+    rates = [int(r["deliveries_per_s"]) for r in reports]
+    cpu = {
+        part: round(statistics.median(r["cpu_us_per_delivery"][part] for r in reports), 1)
+        for part in ("engine", "postgres", "destination")
+    }
+    return {
+        "deliveries_per_s": rates, "median_deliveries_per_s": statistics.median(rates),
+        "median_cpu_us_per_delivery": cpu,
+        "duplicates": sum(int(r["duplicates"] or 0) for r in reports),
+        "left_in_queue": sum(int(r["left_in_queue"] or 0) for r in reports),
+    }
