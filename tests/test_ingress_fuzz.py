@@ -51,8 +51,11 @@ def server(module_dsn: str) -> Iterator[IngressProcess]:
 
 @pytest.fixture(scope="module")
 def destination_id(server: IngressProcess) -> int:
-    listed = server.request("GET", "/v1/destinations").json()
-    return int(listed["data"][0]["id"])
+    # Its own, made when first asked for: the schemathesis run before it may have deleted
+    # the server fixture's destination (DELETE /v1/destinations/{id} is in the API).
+    created = server.request("POST", "/v1/destinations", {"url": "http://127.0.0.1:9/fuzz"})
+    assert created.status == 201, created
+    return int(created.json()["id"])
 
 
 @pytest.fixture(scope="module")
