@@ -315,3 +315,25 @@ def test_reaper_scans_only_in_flight_rows(
     assert index_scans(lost, "deliveries_in_flight_idx"), "the reaper reads the whole queue"
     touched = seq_scanned(explained["Plan"])
     assert not touched & HISTORY_TABLES, touched
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_a_claim_with_only_capped_work_skips_the_plain_scans(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    """Every destination capped, 21,000 deliveries due: the capped branch takes the room
+    under each cap, and the plain scans (which could only drop capped rows after their
+    join) read nothing of deliveries_claimable_idx instead of walking the whole backlog."""
+    tx.execute("UPDATE destinations SET max_in_flight = 5")
+    add_burst(tx)
+    tx.execute("ANALYZE deliveries")
+    params = queue.claim_params("plan-test", 100, LEASE_MS, 12,
+                                list(range(1, DESTINATIONS + 1)))
+    explained = explain(tx, mode, queries.CLAIM_BATCH, "text, int, int, int, bigint[]",
+                        list(params))
+    report(record_property, "claim_batch_all_capped", mode, explained)
+    assert explained["Plan"]["Actual Rows"] == 5 * DESTINATIONS
+    for branch in ("eligible_first", "eligible_retry"):
+        read = sum(s["Actual Rows"] * s["Actual Loops"]
+                   for s in index_scans(cte(explained, branch), "deliveries_claimable_idx"))
+        assert read == 0, f"{branch} walked {read} rows of capped destinations"

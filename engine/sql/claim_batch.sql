@@ -157,6 +157,22 @@ WITH probed_destinations AS (
        AND dest.rate_limit IS NULL  -- those are claimed through `rated`
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
+), uncapped_due AS (
+    -- Whether any destination the plain scans may claim from has due work. The scans
+    -- below walk deliveries_claimable_idx in due order and drop the rows of capped and
+    -- rate-limited destinations after the join; with a backlog that is all capped they
+    -- walked every due row to find none (capped-slow: 9,680 rows, 5.3 ms of an 8 ms
+    -- claim). This probe stops at the first uncapped destination with a due delivery
+    -- (deliveries_destination_idx), and the scans are skipped when there is none.
+    SELECT EXISTS (
+           SELECT 1 FROM destinations dest
+            WHERE dest.max_in_flight IS NULL AND dest.rate_limit IS NULL
+              AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
+              AND dest.breaker = 'closed'
+              AND dest.id <> ALL ($6::bigint[])
+              AND EXISTS (SELECT 1 FROM deliveries d
+                           WHERE d.destination_id = dest.id AND d.status = 'pending'
+                             AND d.next_attempt_at <= now())) AS found
 ), eligible_first AS (
     SELECT d.id, d.next_attempt_at
       FROM deliveries d
@@ -169,6 +185,7 @@ WITH probed_destinations AS (
        AND dest.max_in_flight IS NULL
        AND dest.rate_limit IS NULL
        AND d.destination_id <> ALL ($6::bigint[])
+       AND (SELECT found FROM uncapped_due)
        AND (d.ordering_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM deliveries e
               WHERE e.destination_id = d.destination_id
@@ -189,6 +206,7 @@ WITH probed_destinations AS (
        AND dest.max_in_flight IS NULL
        AND dest.rate_limit IS NULL
        AND d.destination_id <> ALL ($6::bigint[])
+       AND (SELECT found FROM uncapped_due)
        AND (d.ordering_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM deliveries e
               WHERE e.destination_id = d.destination_id
