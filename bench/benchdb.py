@@ -12,19 +12,16 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-# Run from a checkout without installing the package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.database import engine_conninfo
 from engine.embedded import ensure_server
@@ -153,6 +150,14 @@ def _next_value(conn: psycopg.Connection, query: str) -> int:
     row = conn.execute(query).fetchone()  # type: ignore[arg-type]
     assert row is not None
     return int(row[0])
+
+
+def postmaster_pid(conn: psycopg.Connection) -> int:
+    """The server's main process (the parent of this connection's backend), whose process
+    tree is the PostgreSQL CPU a bench reports."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return psutil.Process(int(row[0])).ppid()
 
 
 def settings(conn: psycopg.Connection) -> dict[str, str]:

@@ -26,11 +26,12 @@ import datetime as dt
 import time
 from typing import Any
 
-import benchdb
 import psycopg
 
 from engine import queue
 from engine.queue import BreakerSettings, EventIn, Result
+
+import benchdb
 
 BATCH = 50
 LEASE_MS = 60_000

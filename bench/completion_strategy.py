@@ -28,12 +28,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import benchdb
 import psycopg
 from psycopg import RawCursor
 
 from engine import queue
 from engine.queue import Claim, Result
+
+import benchdb
 
 BATCH = 100
 ARCHIVE_BATCH = 5_000

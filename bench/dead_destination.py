@@ -31,16 +31,14 @@ from pathlib import Path
 
 import psycopg
 
+from engine import queue
+from engine.embedded import ensure_server
+from engine.queue import EventIn
+from engine.testing.fakedest import FakeDestination
+
+from drain import PAYLOAD, SECRET, fresh_database
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from drain import PAYLOAD, SECRET, fresh_database  # noqa: E402
-
-from engine import queue  # noqa: E402
-from engine.embedded import ensure_server  # noqa: E402
-from engine.queue import EventIn  # noqa: E402
-from tests.kit.fakedest import FakeDestination  # noqa: E402
 
 ENQUEUE_BATCH = 5000
 DEAD_TIMEOUT_MS = 10_000

@@ -43,29 +43,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from engine import queue
+from engine.http_client import CurlPool, HttpResult
+from engine.migrate import migrate
+from engine.queries import NOTIFY_CHANNEL
+from engine.queue import EventIn
+from engine.testing.fakedest import FakeDestination
 
-import benchdb  # noqa: E402
-from drain_watch import (  # noqa: E402
+import benchdb
+from drain_watch import (
     drain_report,
     save_report,
     summary,
     watch_drain,
 )
-from mixes import MIXES, Target, cap_report, drain_stats, mix_targets  # noqa: E402
+from mixes import MIXES, Target, cap_report, drain_stats, mix_targets
 
-from engine import queue  # noqa: E402
-from engine.http_client import CurlPool, HttpResult  # noqa: E402
-from engine.migrate import migrate  # noqa: E402
-from engine.queries import NOTIFY_CHANNEL  # noqa: E402
-from engine.queue import EventIn  # noqa: E402
-from tests.kit.fakedest import FakeDestination  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SCENARIOS = {
     # name: (deliveries, fakedest path)
@@ -211,12 +209,6 @@ def fresh_database(admin_dsn: str) -> str:
     return dsn
 
 
-def postmaster_pid(conn: psycopg.Connection) -> int:
-    row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    return psutil.Process(int(row[0])).ppid()
-
-
 def run_scenario(
     name: str, admin_dsn: str, args: argparse.Namespace, rate_limit: float | None = None
 ) -> dict[str, object]:
@@ -239,7 +231,7 @@ def run_scenario(
         warm_up = add_destination(
             conn, dest.url(path[:path.index("drain")] + ENGINE_WARM_NAME))
         settings = benchdb.server_report(conn)
-        pg_pid = postmaster_pid(conn)
+        pg_pid = benchdb.postmaster_pid(conn)
 
         command = [
             sys.executable, "-m", "engine.cli", "--dsn", dsn, "--procs", str(args.procs),

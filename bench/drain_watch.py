@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import psutil
-from mixes import drain_stats
 
-from tests.kit.fakedest import FakeDestination
+from engine.testing.fakedest import FakeDestination
+
+from mixes import drain_stats
 
 TIMEOUT_S = 300.0
 

@@ -37,12 +37,10 @@ from typing import Any
 import psutil
 import psycopg
 
-# Run from a checkout without installing the package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.testing.fakedest import FakeDestination
 
-from bench.benchdb import fresh_database, server, settings, write_report
-from bench.drain import postmaster_pid
-from tests.kit.fakedest import FakeDestination
+# Run from a checkout without installing the package.
+from benchdb import fresh_database, postmaster_pid, server, settings, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = ROOT / "bench" / "locustfile.py"

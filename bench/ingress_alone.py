@@ -25,12 +25,11 @@ from pathlib import Path
 import psutil
 import psycopg
 
-# Run from a checkout without installing the package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.testing.ingress_server import IngressProcess
 
-from bench.benchdb import fresh_database, server
-from bench.ingress import load, request_histogram, server_latency
-from tests.kit.ingress_server import IngressProcess
+# Run from a checkout without installing the package.
+from benchdb import fresh_database, server
+from ingress import load, request_histogram, server_latency
 
 ROOT = Path(__file__).resolve().parents[1]
 WRK_SCRIPT = ROOT / "bench" / "ingress_wrk.lua"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from typing import Any, NamedTuple
 
-from tests.kit.fakedest import FakeDestination
+from engine.testing.fakedest import FakeDestination
 
 # Destination mixes (see mix_targets): name -> (deliveries, destinations).
 MIXES = {

@@ -20,13 +20,14 @@ import json
 import statistics
 import sys
 
-import benchdb
 import psycopg
 from psycopg import RawCursor
 
 from engine import queries, queue
 from engine.operational_events import EVENT_TYPES
 from engine.queue import BreakerSettings, EventIn, Result
+
+import benchdb
 
 OPENS_AT_ONCE = BreakerSettings(threshold=1)
 SUBSCRIBERS = (0, 1, 10)

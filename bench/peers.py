@@ -47,15 +47,14 @@ from pgqueuer import AsyncpgDriver, Queries
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import benchdb
+import drain
+import drain_watch
+import mixes
+from drain import FakeDestination
+from peer_pgqueuer import ENTRYPOINT
 
-import benchdb  # noqa: E402
-import drain  # noqa: E402
-import drain_watch  # noqa: E402
-import mixes  # noqa: E402
-from drain import FakeDestination  # noqa: E402
-from peer_pgqueuer import ENTRYPOINT  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 PEER_DB = "engine_bench_pgqueuer"
 TARGET_RATIOS = {"drain-fast": 14_000 / 4_686, "drain-slow": 8_000 / 1_651}
@@ -131,7 +130,7 @@ def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, o
         # backlog spends 2.4 times the PostgreSQL CPU per job (356 against ~150 µs).
         asyncio.run(enqueue(dsn, count))
         conn.execute("VACUUM ANALYZE")
-        pg_pid = drain.postmaster_pid(conn)
+        pg_pid = benchdb.postmaster_pid(conn)
         server = benchdb.server_report(conn)
         command = [
             sys.executable, str(HERE / "peer_pgqueuer.py"), "--dsn", dsn,

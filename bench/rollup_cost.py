@@ -24,13 +24,14 @@ import threading
 import time
 from typing import Any
 
-import benchdb
 import psycopg
 from psycopg import RawCursor
 
 from engine import queries, queue
 from engine.database import engine_conninfo, run_statement
 from engine.queue import BreakerSettings, EventIn, Result
+
+import benchdb
 
 BATCH = 500
 _START, _END = b"), minutes AS (", b"), outcomes AS ("

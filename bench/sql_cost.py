@@ -20,13 +20,14 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-import benchdb
 import psycopg
 from psycopg import RawCursor
 
 from engine import queries, queue
 from engine.database import run_statement
 from engine.queue import EventIn, Result
+
+import benchdb
 
 BACKLOG = 20_000
 BATCH_EVENTS = 1000

@@ -8,8 +8,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.dbserver import DatabaseFactory, test_server, truncate_all
-from tests.kit.ingress_server import IngressProcess
 
 
 @pytest.fixture(scope="session")

@@ -13,11 +13,11 @@ import pytest
 
 from engine.http_client import CurlPool, HttpResult
 from engine.targets import TargetRefused, parse_allowed_networks, validate_url
+from engine.testing.fakedest import FakeDestination
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.data import add_destination, enqueue, finished
 from tests.kit.enginerun import ROOT, Engine, wait_until
-from tests.kit.fakedest import FakeDestination
 from tests.kit.httpserver_helpers import ScriptedServer
-from tests.kit.ingress_server import IngressProcess
 from tests.kit.workers import SCHEDULE
 from tests.test_http_client import HEADERS, run, server  # noqa: F401
 

@@ -11,8 +11,8 @@ import pytest
 
 from engine import queue
 from engine.queue import Result
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.api import assert_error, make_destination
-from tests.kit.ingress_server import IngressProcess
 
 TOKEN = "console-token"
 

@@ -18,9 +18,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.enginerun import Engine, wait_until
 from tests.kit.httpserver_helpers import closed_port
-from tests.kit.ingress_server import IngressProcess
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Outside CI a machine without chromium skips these tests; in CI they must run (.ci/run

@@ -24,8 +24,8 @@ import psycopg
 import pytest
 
 from engine import queries
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.dbserver import DatabaseFactory
-from tests.kit.ingress_server import IngressProcess
 from tests.test_claim_plan import HISTORY_TABLES, PLAN_MODES, Plan, explain, nodes, seq_scanned
 
 pytestmark = pytest.mark.pg_versions

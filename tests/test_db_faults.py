@@ -28,11 +28,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from engine.embedded import EmbeddedServer, ensure_server
 from engine.ingress.dbgate import POOL_TIMEOUT_S
+from engine.testing.fakedest import FakeDestination
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.dbserver import DatabaseFactory
 from tests.kit.enginerun import Engine, wait_until
-from tests.kit.fakedest import FakeDestination
 from tests.kit.faultload import FaultLoad, first_ok_after
-from tests.kit.ingress_server import IngressProcess
 
 # How long the server refuses connections in the outage test (the issue asks for 20 s).
 OUTAGE_S = float(os.environ.get("ENGINE_FAULT_OUTAGE_S", "20"))

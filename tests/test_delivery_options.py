@@ -12,10 +12,10 @@ from standardwebhooks import Webhook
 
 from engine import queue
 from engine.signing import generate_secret
+from engine.testing.fakedest import FakeDestination
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.data import count, enqueue, finished
 from tests.kit.enginerun import wait_until
-from tests.kit.fakedest import FakeDestination
-from tests.kit.ingress_server import IngressProcess
 from tests.kit.workers import engine
 
 

@@ -16,8 +16,8 @@ from engine.destination_options import (
     check_retry_schedule,
     format_duration,
 )
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.api import assert_error, count, make_destination
-from tests.kit.ingress_server import IngressProcess
 
 
 def test_options_are_stored_shown_and_patched(api: IngressProcess) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from standardwebhooks import Webhook
 
+from engine.testing.fakedest import FakeDestination
 from tests.kit.enginerun import wait_until
-from tests.kit.fakedest import FakeDestination
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 24).decode()
 OTHER_SECRET = "whsec_" + base64.b64encode(b"o" * 24).decode()

@@ -21,9 +21,9 @@ import pytest
 
 from engine import queue
 from engine.queue import EventIn
+from engine.testing.fakedest import FakeDestination
 from tests.kit.data import add_destination
 from tests.kit.enginerun import Engine, wait_until
-from tests.kit.fakedest import FakeDestination
 from tests.kit.hostile_servers import HostileServer, TlsServer
 from tests.kit.httpserver_helpers import closed_port
 from tests.test_hostile_destinations import isolated_dns_prefix

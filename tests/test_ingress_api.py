@@ -10,9 +10,9 @@ import pytest
 
 from engine import queue
 from engine.queue import Result
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.api import assert_error, count, make_destination
 from tests.kit.dbserver import DatabaseFactory
-from tests.kit.ingress_server import IngressProcess
 
 TOKEN = "test-token"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -9,9 +9,9 @@ from pathlib import Path
 import psycopg
 
 from engine.signing import generate_secret
+from engine.testing.fakedest import FakeDestination
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.enginerun import Engine, wait_until
-from tests.kit.fakedest import FakeDestination
-from tests.kit.ingress_server import IngressProcess
 
 
 def test_engine_accepts_over_http_and_delivers(

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.kit.ingress_server import Answer, IngressProcess
+from engine.testing.ingress_server import Answer, IngressProcess
 
 TOKEN = "fuzz-token"
 SCHEMATHESIS_EXAMPLES = 30

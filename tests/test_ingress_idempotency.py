@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from engine.ingress.committer import PAUSE_AFTER_COMMIT_ENV
-from tests.kit.ingress_server import Answer, IngressProcess
+from engine.testing.ingress_server import Answer, IngressProcess
 
 EVENT = {"type": "order.created", "payload": {"order": 42}}
 

@@ -13,10 +13,10 @@ from standardwebhooks import Webhook
 
 from engine.operational_events import EVENT_TYPES
 from engine.signing import generate_secret
+from engine.testing.fakedest import FakeDestination
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.data import add_destination, count, enqueue
 from tests.kit.enginerun import Engine, wait_until
-from tests.kit.fakedest import FakeDestination
-from tests.kit.ingress_server import IngressProcess
 from tests.kit.workers import SCHEDULE
 
 

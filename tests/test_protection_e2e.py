@@ -13,10 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import queue
 from engine.queue import EventIn
+from engine.testing.fakedest import FakeDestination
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.data import add_destination
 from tests.kit.enginerun import Engine, wait_until
-from tests.kit.fakedest import FakeDestination
-from tests.kit.ingress_server import IngressProcess
 
 FEED_INTERVAL_S = 0.05
 OUTAGE = (2.0, 6.0)  # seconds after the feed starts: the dying destination answers 500

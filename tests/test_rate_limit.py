@@ -19,9 +19,9 @@ from pathlib import Path
 
 import psycopg
 
+from engine.testing.fakedest import FakeDestination
 from tests.kit.data import add_destination, count, enqueue, finished
 from tests.kit.enginerun import wait_until
-from tests.kit.fakedest import FakeDestination
 from tests.kit.workers import engine
 
 RATE = 20.0

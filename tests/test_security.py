@@ -22,9 +22,9 @@ import pytest
 
 from engine.ingress.app import IngressApp
 from engine.signing import generate_secret
+from engine.testing.fakedest import FakeDestination
+from engine.testing.ingress_server import IngressProcess
 from tests.kit.enginerun import Engine, wait_until
-from tests.kit.fakedest import FakeDestination
-from tests.kit.ingress_server import IngressProcess
 
 TOKEN = "tok_" + "S3cr3tT0ken" * 3
 

@@ -17,11 +17,11 @@ from standardwebhooks import Webhook
 from engine.config import load_settings
 from engine.queue import Claim
 from engine.signing import generate_secret
+from engine.testing.fakedest import FakeDestination
 from engine.worker import DeliveryWorker
 from engine.worker.slots import DestinationSlots
 from tests.kit.data import add_destination, count, enqueue, finished
 from tests.kit.enginerun import Engine, wait_until
-from tests.kit.fakedest import FakeDestination
 from tests.kit.workers import MAX_ATTEMPTS, SCHEDULE, engine
 
 

@@ -23,7 +23,7 @@ from bench.harness.live import Live
 from bench.harness.report import Report, figure, figure_rows
 from engine import autovacuum_advice
 from engine.status import collect_status
-from tests.kit.fakedest import FakeDestination
+from engine.testing.fakedest import FakeDestination
 
 TABLES = ("deliveries", "delivery_attempts", "finished_deliveries", "events")
 CLAIM_INDEX = "deliveries_claimable_idx"

@@ -25,7 +25,7 @@ import psycopg
 from bench.harness import stack
 from bench.harness.live import Live
 from bench.harness.report import Report, figure
-from tests.kit.fakedest import FakeDestination
+from engine.testing.fakedest import FakeDestination
 
 HEALTHY = "slow/50/healthy"
 HEALTHY_NAME = "healthy"

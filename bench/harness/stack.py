@@ -58,9 +58,7 @@ def pg_settings(dsn: str) -> dict[str, str]:
 
 def postmaster_pid(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    return psutil.Process(int(row[0])).ppid()
+        return benchdb.postmaster_pid(conn)
 
 
 def free_port() -> int:

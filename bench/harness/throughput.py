@@ -20,7 +20,7 @@ import psycopg
 from bench.harness import stack
 from bench.harness.live import Live
 from bench.harness.report import Report, figure, figure_rows
-from tests.kit.fakedest import FakeDestination
+from engine.testing.fakedest import FakeDestination
 
 QUICK_STEPS = (250, 500, 1000)
 FULL_STEPS = (500, 1000, 2000, 4000)

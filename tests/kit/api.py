@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.kit.ingress_server import Answer, IngressProcess
+from engine.testing.ingress_server import Answer, IngressProcess
 
 
 def count(db: psycopg.Connection, table: str) -> int:

@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tests.kit.ingress_server import IngressProcess
+from engine.testing.ingress_server import IngressProcess
 
 
 @dataclass
