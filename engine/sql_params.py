@@ -86,6 +86,110 @@ class AutoDisableParams(NamedTuple):
     disable_after_seconds: float
 
 
+class RetentionMinutesParams(NamedTuple):
+    cutoff: object  # datetime: retention_finished's
+    batch_limit: int
+    kept_seconds: float
+
+
+class MigrationsRecordParams(NamedTuple):
+    version: int
+    name: str
+
+
+class DemoAttemptsParams(NamedTuple):
+    destination_ids: list[int]
+    limit: int
+
+
+class ConsoleEventsParams(NamedTuple):
+    since: object  # datetime | None
+    until: object  # datetime | None
+    after_id: int | None
+    limit: int
+
+
+class ConsoleEventsByTypeParams(NamedTuple):
+    since: object  # datetime | None
+    until: object  # datetime | None
+    after_id: int | None
+    limit: int
+    event_type: str
+
+
+class ConsoleDeliveriesParams(NamedTuple):
+    event_type: str | None  # None for console_deliveries_by_time
+    since: object  # datetime | None
+    until: object  # datetime | None
+    status: str | None
+    destination_id: int | None
+    after_id: int | None
+    limit: int
+
+
+class ConsoleDeadDeliveriesParams(NamedTuple):
+    destination_id: int | None
+    before_id: int | None
+    limit: int
+
+
+class DestinationStatsParams(NamedTuple):
+    destination_id: int
+    window_seconds: float
+    dead_since: object  # datetime | None
+
+
+class ApiDestinationCreateParams(NamedTuple):
+    url: str
+    secret: str
+    event_types: list[str] | None
+    max_in_flight: int | None
+    ordered: bool
+    timeout_ms: int
+    rate_limit: float | None
+    headers: str | None  # a JSON object
+    retry_schedule: list[float] | None
+
+
+class ApiDestinationPatchParams(NamedTuple):
+    destination_id: int
+    url: str | None
+    set_event_types: bool
+    event_types: list[str] | None
+    set_max_in_flight: bool
+    max_in_flight: int | None
+    ordered: bool | None
+    timeout_ms: int | None
+    paused: bool | None
+    disabled: bool | None
+    new_secret: str | None
+    previous_secret_ms: int
+    resume: bool
+    set_rate_limit: bool
+    rate_limit: float | None
+    set_headers: bool
+    headers: str | None  # a JSON object
+    set_retry_schedule: bool
+    retry_schedule: list[float] | None
+
+
+class ApiDeliveriesListParams(NamedTuple):
+    status: str | None
+    before_id: int | None
+    limit: int
+    scan_deliveries: bool
+    scan_finished_deliveries: bool
+
+
+class ApiDestinationDeliveriesListParams(NamedTuple):
+    status: str | None
+    before_id: int | None
+    limit: int
+    scan_deliveries: bool
+    scan_finished_deliveries: bool
+    destination_id: int
+
+
 STATEMENT_PARAMETERS: dict[str, type[tuple]] = {
     "claim_batch": ClaimBatchParams,
     "take_rate_tokens": TakeRateTokensParams,
@@ -99,4 +203,17 @@ STATEMENT_PARAMETERS: dict[str, type[tuple]] = {
     "retention_events": RetentionBatchParams,
     "breaker_defer": BreakerDeferParams,
     "auto_disable": AutoDisableParams,
+    "retention_minutes": RetentionMinutesParams,
+    "migrations_record": MigrationsRecordParams,
+    "demo_attempts": DemoAttemptsParams,
+    "console_events": ConsoleEventsParams,
+    "console_events_by_type": ConsoleEventsByTypeParams,
+    "console_deliveries_by_type": ConsoleDeliveriesParams,
+    "console_deliveries_by_time": ConsoleDeliveriesParams,
+    "console_dead_deliveries": ConsoleDeadDeliveriesParams,
+    "destination_stats": DestinationStatsParams,
+    "api_destination_create": ApiDestinationCreateParams,
+    "api_destination_patch": ApiDestinationPatchParams,
+    "api_deliveries_list": ApiDeliveriesListParams,
+    "api_destination_deliveries_list": ApiDestinationDeliveriesListParams,
 }

@@ -4,11 +4,12 @@
 --   $5 set max_in_flight bool, $6 max_in_flight int,
 --   $7 ordered bool (NULL: keep), $8 timeout_ms int (NULL: keep),
 --   $9 paused bool (NULL: keep), $10 disabled bool (NULL: keep),
---   $11 new secret text (NULL: keep), $12 previous secret valid for ms bigint,
+--   $11 new secret text (NULL: keep),
+--   $12 previous secret ms bigint (how long the replaced secret stays valid),
 --   $13 resume bool (paused or disabled set to false),
 --   $14 set rate_limit bool, $15 rate_limit float8, $16 set headers bool,
 --   $17 headers text (a JSON object), $18 set retry_schedule bool,
---   $19 retry_schedule float8[] ($14-$19: store.DeliveryOptions.params)
+--   $19 retry_schedule float8[] ($14-$19: from store.DeliveryOptions)
 -- Every field is optional: a NULL value (or a false `set_*` flag for nullable columns)
 -- keeps the column. Resuming (paused or disabled set to false) also closes the breaker,
 -- so the operator's "go" is not held back by an old failure streak, and restarts the

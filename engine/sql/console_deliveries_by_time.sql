@@ -1,9 +1,11 @@
 -- console_deliveries_by_time: GET /v1/deliveries?since=&until= without event_type,
 -- newest event first, then the event's deliveries by id descending, keyset paging.
---   $1 NULL (the parameters of console_deliveries_by_type), $2 since timestamptz (NULL: no bound),
+--   $1 event type text (always NULL: the parameters are console_deliveries_by_type's),
+--   $2 since timestamptz (NULL: no bound),
 --   $3 until timestamptz (NULL: no bound), $4 status text (NULL: any),
 --   $5 destination id bigint (NULL: any),
---   $6 cursor: the id of the last delivery of the previous page (NULL: first page),
+--   $6 after id bigint (the cursor: the id of the last delivery of the previous page;
+--   NULL: first page),
 --   $7 limit int
 -- Deliveries carry no event type: walk events_created_id_idx backwards and take each
 -- event's deliveries from the two event_id indexes; an incremental sort (the rows come

@@ -3,7 +3,8 @@
 --   $1 event type text, $2 since timestamptz (NULL: no bound),
 --   $3 until timestamptz (NULL: no bound), $4 status text (NULL: any),
 --   $5 destination id bigint (NULL: any),
---   $6 cursor: the id of the last delivery of the previous page (NULL: first page),
+--   $6 after id bigint (the cursor: the id of the last delivery of the previous page;
+--   NULL: first page),
 --   $7 limit int
 -- Deliveries carry no event type: walk events_type_created_idx backwards and take each
 -- event's deliveries from the two event_id indexes; an incremental sort (the rows come

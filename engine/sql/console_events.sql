@@ -1,6 +1,7 @@
 -- console_events: GET /v1/events, newest first (created_at, then id), keyset paging.
 --   $1 since timestamptz (NULL: no bound), $2 until timestamptz (NULL: no bound),
---   $3 cursor: the id of the last event of the previous page (NULL: first page),
+--   $3 after id bigint (the cursor: the id of the last event of the previous page;
+--   NULL: first page),
 --   $4 limit int
 -- A backward scan of events_created_id_idx from one (created_at, id) bound, stopping at
 -- the limit or at `since`. `until` and the cursor are folded into that single bound (the

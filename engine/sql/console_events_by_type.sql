@@ -1,7 +1,7 @@
 -- console_events_by_type: GET /v1/events?type=, newest first (created_at, then id), keyset paging.
 --   $1 since timestamptz (NULL: no bound), $2 until timestamptz (NULL: no bound),
---   $3 cursor: the id of the last event of the previous page (NULL: first page),
---   $4 limit int, $5 type text
+--   $3 after id bigint (the cursor: the id of the last event of the previous page;
+--   NULL: first page), $4 limit int, $5 event type text
 -- A backward scan of events_type_created_idx from one (created_at, id) bound, stopping at
 -- the limit or at `since`. `until` and the cursor are folded into that single bound (the
 -- lower of the two) because the scan can only start from one key: given both as separate

@@ -2,7 +2,8 @@
 -- per-minute rollup, schema/011) older than the console reads, or older than the
 -- retention cutoff when that is sooner (they count attempts retention has removed).
 --   $1 cutoff timestamptz (retention's), $2 batch limit int,
---   $3 kept seconds float8 (the console's longest window and a margin, engine/retention.py)
+--   $3 kept seconds float8 (the console's longest window and a margin:
+--   engine/maintenance/retention.py MINUTES_KEPT_S)
 -- The old rows are the low end of the primary key (minute first).
 WITH old AS (
     SELECT minute, destination_id, writer
