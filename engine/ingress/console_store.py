@@ -19,6 +19,13 @@ from engine import queries, status
 from engine.database import run_statement_async
 from engine.duration_histogram import percentile
 from engine.ingress import schemas as s
+from engine.sql_params import (
+    ConsoleDeadDeliveriesParams,
+    ConsoleDeliveriesParams,
+    ConsoleEventsByTypeParams,
+    ConsoleEventsParams,
+    DestinationStatsParams,
+)
 
 
 async def _fetchall(conn: AsyncConnection, statement: bytes, params: tuple) -> list[tuple]:
@@ -30,10 +37,12 @@ async def list_events(
     conn: AsyncConnection, event_type: str | None, since: dt.datetime | None,
     until: dt.datetime | None, after_id: int | None, limit: int,
 ) -> list[s.EventSummary]:
-    params: tuple = (since, until, after_id, limit)
     statement = queries.CONSOLE_EVENTS
+    params: tuple = ConsoleEventsParams(since=since, until=until, after_id=after_id, limit=limit)
     if event_type is not None:
-        statement, params = queries.CONSOLE_EVENTS_BY_TYPE, (*params, event_type)
+        statement = queries.CONSOLE_EVENTS_BY_TYPE
+        params = ConsoleEventsByTypeParams(
+            since=since, until=until, after_id=after_id, limit=limit, event_type=event_type)
     return [s.EventSummary(*row) for row in await _fetchall(conn, statement, params)]
 
 
@@ -45,17 +54,20 @@ async def list_deliveries_by_event(
     """Deliveries of the events of a type and/or a time range, newest event first."""
     statement = (queries.CONSOLE_DELIVERIES_BY_TIME if event_type is None
                  else queries.CONSOLE_DELIVERIES_BY_TYPE)
-    rows = await _fetchall(
-        conn, statement, (event_type, since, until, status_, destination_id, after_id, limit)
+    params = ConsoleDeliveriesParams(
+        event_type=event_type, since=since, until=until, status=status_,
+        destination_id=destination_id, after_id=after_id, limit=limit,
     )
+    rows = await _fetchall(conn, statement, params)
     return [s.Delivery(*row) for row in rows]
 
 
 async def list_dead(
     conn: AsyncConnection, destination_id: int | None, before_id: int | None, limit: int,
 ) -> list[s.Delivery]:
-    rows = await _fetchall(conn, queries.CONSOLE_DEAD_DELIVERIES,
-                           (destination_id, before_id, limit))
+    params = ConsoleDeadDeliveriesParams(
+        destination_id=destination_id, before_id=before_id, limit=limit)
+    rows = await _fetchall(conn, queries.CONSOLE_DEAD_DELIVERIES, params)
     return [s.Delivery(*row) for row in rows]
 
 
@@ -63,8 +75,9 @@ async def destination_stats(
     conn: AsyncConnection, destination_id: int, window_s: float,
     dead_since: dt.datetime | None,
 ) -> s.DestinationStats:
-    rows = await _fetchall(conn, queries.DESTINATION_STATS,
-                           (destination_id, window_s, dead_since))
+    params = DestinationStatsParams(
+        destination_id=destination_id, window_seconds=window_s, dead_since=dead_since)
+    rows = await _fetchall(conn, queries.DESTINATION_STATS, params)
     (attempts, succeeded, http_error, transport_error, counts, lowest, highest, pending,
      in_flight, dead) = rows[0]
     p50, p90, p99 = (percentile(counts or (), q, lowest, highest) for q in (0.5, 0.9, 0.99))
