@@ -10,6 +10,12 @@ from engine import queries
 from engine.database import run_statement_async
 from engine.destination_options import format_duration
 from engine.ingress.schemas import Attempt, Delivery, DeliveryDetail, Destination, Event
+from engine.sql_params import (
+    ApiDeliveriesListParams,
+    ApiDestinationCreateParams,
+    ApiDestinationDeliveriesListParams,
+    ApiDestinationPatchParams,
+)
 
 _json = msgspec.json.Encoder()
 
@@ -22,15 +28,11 @@ class DeliveryOptions(msgspec.Struct):
     headers: dict[str, str] | msgspec.UnsetType | None = msgspec.UNSET
     retry_schedule: list[float] | msgspec.UnsetType | None = msgspec.UNSET
 
-    def params(self) -> tuple[object, ...]:
-        """(set, value) pairs for api_destination_patch.sql's $14-$19."""
-        headers = self.headers
-        return (
-            self.rate_limit is not msgspec.UNSET, _value(self.rate_limit),
-            headers is not msgspec.UNSET,
-            None if headers is None or headers is msgspec.UNSET else _json.encode(headers).decode(),
-            self.retry_schedule is not msgspec.UNSET, _value(self.retry_schedule),
-        )
+    def headers_json(self) -> str | None:
+        """The headers as api_destination_*.sql bind them: a JSON object, or NULL."""
+        if self.headers is None or self.headers is msgspec.UNSET:
+            return None
+        return _json.encode(self.headers).decode()
 
 
 def _value(value: object) -> object:
@@ -65,12 +67,13 @@ async def create_destination(
     max_in_flight: int | None, ordered: bool, timeout_ms: int,
     options: DeliveryOptions | None = None,
 ) -> Destination:
-    _, rate, _, headers, _, schedule = (options or DeliveryOptions()).params()
-    row = await _fetchone(
-        conn, queries.API_DESTINATION_CREATE,
-        (url, secret, event_types, max_in_flight, ordered, timeout_ms, rate, headers,
-         schedule),
+    options = options or DeliveryOptions()
+    params = ApiDestinationCreateParams(
+        url=url, secret=secret, event_types=event_types, max_in_flight=max_in_flight,
+        ordered=ordered, timeout_ms=timeout_ms, rate_limit=_value(options.rate_limit),
+        headers=options.headers_json(), retry_schedule=_value(options.retry_schedule),
     )
+    row = await _fetchone(conn, queries.API_DESTINATION_CREATE, params)
     assert row is not None
     return _destination(row, with_secret=True)
 
@@ -92,15 +95,21 @@ async def patch_destination(
     disabled: bool | None, new_secret: str | None, previous_secret_ms: int,
     options: DeliveryOptions | None = None,
 ) -> Destination | None:
-    resume = paused is False or disabled is False
-    row = await _fetchone(
-        conn, queries.API_DESTINATION_PATCH,
-        (
-            destination_id, url, set_event_types, event_types, set_max_in_flight,
-            max_in_flight, ordered, timeout_ms, paused, disabled, new_secret,
-            previous_secret_ms, resume, *(options or DeliveryOptions()).params(),
-        ),
+    options = options or DeliveryOptions()
+    params = ApiDestinationPatchParams(
+        destination_id=destination_id, url=url, set_event_types=set_event_types,
+        event_types=event_types, set_max_in_flight=set_max_in_flight,
+        max_in_flight=max_in_flight, ordered=ordered, timeout_ms=timeout_ms, paused=paused,
+        disabled=disabled, new_secret=new_secret, previous_secret_ms=previous_secret_ms,
+        resume=paused is False or disabled is False,
+        # An UNSET option keeps its column; None sets it to NULL.
+        set_rate_limit=options.rate_limit is not msgspec.UNSET,
+        rate_limit=_value(options.rate_limit),
+        set_headers=options.headers is not msgspec.UNSET, headers=options.headers_json(),
+        set_retry_schedule=options.retry_schedule is not msgspec.UNSET,
+        retry_schedule=_value(options.retry_schedule),
     )
+    row = await _fetchone(conn, queries.API_DESTINATION_PATCH, params)
     return _destination(row, with_secret=new_secret is not None) if row else None
 
 
@@ -127,11 +136,17 @@ async def list_deliveries(
 ) -> list[Delivery]:
     scan_hot = status is None or status in HOT_STATUSES
     scan_finished = status is None or status not in HOT_STATUSES
-    params: tuple = (status, before_id, limit, scan_hot, scan_finished)
     statement = queries.API_DELIVERIES_LIST
+    params: tuple = ApiDeliveriesListParams(
+        status=status, before_id=before_id, limit=limit, scan_deliveries=scan_hot,
+        scan_finished_deliveries=scan_finished,
+    )
     if destination_id is not None:
         statement = queries.API_DESTINATION_DELIVERIES_LIST
-        params = (*params, destination_id)
+        params = ApiDestinationDeliveriesListParams(
+            status=status, before_id=before_id, limit=limit, scan_deliveries=scan_hot,
+            scan_finished_deliveries=scan_finished, destination_id=destination_id,
+        )
     return [Delivery(*r) for r in await _fetchall(conn, statement, params)]
 
 
