@@ -16,6 +16,7 @@ import psycopg
 
 from engine import queries
 from engine.database import run_statement
+from engine.sql_params import MigrationsRecordParams
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schema"
 # An arbitrary constant naming "engine migrations" in pg_advisory_lock's key space.
@@ -78,8 +79,9 @@ def migrate(
                 started = time.perf_counter()
                 with conn.transaction():
                     conn.execute(migration.sql.encode())
-                    run_statement(
-                        conn, queries.MIGRATIONS_RECORD, (migration.version, migration.name))
+                    record = MigrationsRecordParams(
+                        version=migration.version, name=migration.name)
+                    run_statement(conn, queries.MIGRATIONS_RECORD, record)
                 applied_now.append(migration.name)
                 if progress is not None:
                     progress(migration.name, time.perf_counter() - started)

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from engine import queries
+from engine.sql_params import DemoAttemptsParams
 
 RECENT_ATTEMPTS = 8
 RECENT_CHANGES = 6
@@ -73,7 +74,9 @@ class Watcher:
         cursor = psycopg.RawCursor(self.conn)
         rows = [DestinationRow(self.names[r[0]], *r) for r in
                 cursor.execute(queries.DEMO_DESTINATIONS, (ids,)).fetchall()]
-        attempts = cursor.execute(queries.DEMO_ATTEMPTS, (ids, RECENT_ATTEMPTS)).fetchall()
+        attempts = cursor.execute(
+            queries.DEMO_ATTEMPTS, DemoAttemptsParams(destination_ids=ids, limit=RECENT_ATTEMPTS)
+        ).fetchall()
         now = time.monotonic()
         for row in rows:
             before = self._states.get(row.id)

@@ -13,7 +13,7 @@ from psycopg import Connection
 
 from engine import queries
 from engine.database import repeat_until_short, run_statement
-from engine.sql_params import RetentionBatchParams
+from engine.sql_params import RetentionBatchParams, RetentionMinutesParams
 
 RETENTION_BATCH = 1000
 # delivery_minutes rows are kept this long (unless the retention cutoff is sooner): the
@@ -56,6 +56,8 @@ def run_retention(
     cutoff = cutoff_for(conn, retention_days)
     deadline = time.monotonic() + budget_s
     params = RetentionBatchParams(cutoff=cutoff, batch_limit=batch)
+    minutes_params = RetentionMinutesParams(
+        cutoff=cutoff, batch_limit=batch, kept_seconds=MINUTES_KEPT_S)
 
     def in_budget() -> bool:
         return not (time.monotonic() > deadline or not keep_going())
@@ -78,8 +80,7 @@ def run_retention(
 
     def minutes_batch() -> int:
         with conn.transaction():
-            removed = run_statement(conn, queries.RETENTION_MINUTES,
-                                    (cutoff, batch, MINUTES_KEPT_S)).rowcount
+            removed = run_statement(conn, queries.RETENTION_MINUTES, minutes_params).rowcount
         report.delivery_minutes += removed
         report.batches += 1
         return removed
