@@ -1,15 +1,17 @@
-"""Every engine/sql/ statement's header lists its parameters, and for the statements bound
-through a typed tuple (engine/sql_params.py) the header's names are the tuple's fields in
-order: a parameter reordered on one side fails here instead of writing the wrong column."""
+"""Every engine/sql/ statement's header lists its parameters, every statement with two or
+more is bound through a typed tuple (engine/sql_params.py) built by keyword, and the
+header's names are the tuple's fields in order: a parameter reordered on one side fails
+here instead of writing the wrong column."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
 
-from engine import queries
+from engine import queries, sql_params
 from engine.sql_params import STATEMENT_PARAMETERS
 
 SQL_DIR = Path(queries.__file__).with_name("sql")
@@ -58,3 +60,39 @@ def test_each_header_names_the_parameters_in_the_order_their_tuple_binds_them(
     assert max(int(n) for n in PARAMETER.findall(body)) == len(fields)
     # The statement the tuple binds is the one engine.queries loads under that name.
     assert getattr(queries, name.upper()) == (SQL_DIR / f"{name}.sql").read_bytes()
+
+
+@pytest.mark.parametrize("path", sorted(SQL_DIR.glob("*.sql")), ids=lambda p: p.stem)
+def test_every_statement_with_two_or_more_parameters_has_a_tuple(path: Path) -> None:
+    # One parameter cannot be bound in the wrong order; two or more can, so a new
+    # statement's tuple must not be forgotten.
+    _, body = split(path)
+    if len(set(PARAMETER.findall(body))) >= 2:
+        assert path.stem in STATEMENT_PARAMETERS, f"{path.name} has no tuple in sql_params.py"
+
+
+TUPLES = {tuple_.__name__ for tuple_ in STATEMENT_PARAMETERS.values()}
+ENGINE_DIR = Path(sql_params.__file__).parent
+
+
+@pytest.mark.parametrize(
+    "path", sorted(ENGINE_DIR.rglob("*.py")), ids=lambda p: str(p.relative_to(ENGINE_DIR))
+)
+def test_the_engine_binds_statements_through_their_tuples_built_by_keyword(path: Path) -> None:
+    # By keyword, a field moved in its tuple still gets its own value: the header test
+    # above then catches the statement that no longer matches. A literal tuple or list
+    # passed right after `queries.NAME` bypasses the tuple (a statement chosen through a
+    # variable is not seen here; its tuple is still built by keyword).
+    wrong: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Name) and node.func.id in TUPLES and node.args:
+            wrong.append(f"{path.name}:{node.lineno} builds {node.func.id} by position")
+        for statement, params in zip(node.args, node.args[1:], strict=False):
+            if (isinstance(statement, ast.Attribute) and isinstance(statement.value, ast.Name)
+                    and statement.value.id == "queries"
+                    and statement.attr.lower() in STATEMENT_PARAMETERS
+                    and isinstance(params, ast.Tuple | ast.List)):
+                wrong.append(f"{path.name}:{node.lineno} binds {statement.attr} without its tuple")
+    assert not wrong
