@@ -25,6 +25,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from engine import queries
+
 MIN_INTERVAL_S = 10.0
 VACUUM_SHARE = 4  # the interval is at least this many vacuum durations
 MIN_THRESHOLD = 1000
@@ -194,7 +196,7 @@ def apply(conn: psycopg.Connection, advice: Sequence[Advice]) -> None:
             conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(
                 sql.Identifier(key), sql.Literal(str(value))))
     if system:
-        conn.execute("SELECT pg_reload_conf()")
+        conn.execute(queries.RELOAD_SERVER_CONFIG)
 
 
 def add_parser(sub: Any, add_common: Any) -> None:

@@ -147,7 +147,7 @@ class DatabaseCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
             with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
-                conn.execute("SET statement_timeout = '5s'")
+                conn.execute(queries.SCRAPE_STATEMENT_TIMEOUT)
                 rows = psycopg.RawCursor(conn).execute(queries.METRICS_GAUGES).fetchall()
         except psycopg.Error:
             # A scrape still answers (process metrics are worth having in an outage).

@@ -33,6 +33,10 @@ RETENTION_FINISHED = _load("retention_finished")
 RETENTION_EVENTS = _load("retention_events")
 RETENTION_CUTOFF = _load("retention_cutoff")
 DATABASE_NOW = _load("database_now")
+SESSION_ALIVE = _load("session_alive")
+SNAPSHOT_READ_ONLY = _load("snapshot_read_only")
+SCRAPE_STATEMENT_TIMEOUT = _load("scrape_statement_timeout")
+RELOAD_SERVER_CONFIG = _load("reload_server_config")
 # The maintenance leader lock (engine/maintenance/leader.py) and the migrator's bookkeeping
 # (engine/migrate.py).
 LEADER_SESSION_TIMEOUT = _load("leader_session_timeout")

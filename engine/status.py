@@ -37,7 +37,7 @@ def _has_pg_stat_statements(conn: psycopg.Connection) -> bool:
 def collect_status(conn: psycopg.Connection, top: int = TOP_DESTINATIONS) -> dict[str, Any]:
     """Everything `engine status` shows, read in one repeatable-read snapshot."""
     with conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        conn.execute(queries.SNAPSHOT_READ_ONLY)
         queue = _rows(conn, queries.STATUS_QUEUE)[0]
         breakers = _rows(conn, queries.STATUS_BREAKERS)[0]
         destinations = _rows(conn, queries.STATUS_DESTINATIONS, (top,))

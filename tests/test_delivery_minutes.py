@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine import queries, queue
@@ -52,14 +52,20 @@ def bucket_low(value: int) -> int:
     return 0 if bucket == 0 else BOUNDS[bucket - 1]
 
 
-def bucket_high(value: int) -> int:
+def bucket_high(value: int) -> float:
+    """The largest duration the bucket of `value` holds. The last bucket is open-ended: the
+    histogram knows only that its durations lie between its bound and the highest one seen
+    (the callers clamp to that), so an estimate there may exceed `value` itself."""
     bucket = bucket_of(value)
-    return BOUNDS[bucket] - 1 if bucket < len(BOUNDS) else value
+    return BOUNDS[bucket] - 1 if bucket < len(BOUNDS) else math.inf
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 1_500_000), min_size=1, max_size=300),
        st.sampled_from([0.0, 0.5, 0.9, 0.99, 1.0]))
+# Found on a loaded CI run: three durations in the open-ended last bucket, where the
+# estimate (881,744.5) may exceed the exact median (881,744) but not the highest seen.
+@example(values=[881744, 881744, 881745], q=0.5)
 def test_percentiles_stay_within_the_buckets_of_the_exact_ones(
     values: list[int], q: float
 ) -> None:

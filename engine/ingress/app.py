@@ -20,7 +20,7 @@ import psycopg
 import psycopg_pool
 
 from engine import metrics as engine_metrics
-from engine import queue
+from engine import queries, queue
 from engine.config import Settings
 from engine.domain import EventIn
 from engine.ingress import errors, store
@@ -287,7 +287,7 @@ class IngressApp(DestinationApi, ConsoleApi):
     async def healthz(self, request: Request) -> Response:
         try:
             async with self._connection() as conn:
-                await conn.execute("SELECT 1")
+                await conn.execute(queries.SESSION_ALIVE)
         except (ApiError, psycopg.Error, psycopg_pool.PoolTimeout):
             raise errors.unavailable("the database is unreachable") from None
         return json_response(200, s.Health("ok", "ok"))

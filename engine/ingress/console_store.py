@@ -132,7 +132,7 @@ async def overview(conn: AsyncConnection, window_s: float) -> s.Overview:
     _fanout_figures; plus the per-minute chart and each destination's window."""
     fanout = await _fanout_figures(conn)
     async with conn.transaction():
-        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        await conn.execute(queries.SNAPSHOT_READ_ONLY)
         depth = (await _rows(conn, queries.CONSOLE_DEPTH))[0]
         collected: dict[str, Any] = {
             "queue": {**depth, **fanout},

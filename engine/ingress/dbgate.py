@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import psycopg_pool
 
+from engine import queries
 from engine.ingress import errors
 from engine.liveness import closed_by_server
 from engine.oplog import Outage
@@ -128,7 +129,7 @@ class DatabaseGate:
             application_name=f"{APPLICATION_NAME} probe",
         )
         async with conn:
-            await conn.execute("SELECT 1")
+            await conn.execute(queries.SESSION_ALIVE)
 
     async def _renew(self, stale: psycopg_pool.AsyncConnectionPool) -> None:
         """Replace `stale` by a fresh pool (once, however many requests found it stale)."""

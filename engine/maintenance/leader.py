@@ -59,7 +59,7 @@ class Leadership:
         if self._conn is None:
             return False
         try:
-            self._conn.execute("SELECT 1")
+            self._conn.execute(queries.SESSION_ALIVE)
             return True
         except psycopg.Error:
             self.release()
