@@ -168,3 +168,36 @@ def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
         assert stats["requests"] == share, stats
         engine.signal(signal.SIGTERM)
         assert engine.wait(40) == 0
+
+
+def test_a_slow_but_answering_endpoint_keeps_to_its_share_of_the_slots(
+    dsn: str, conn: psycopg.Connection, tmp_path: Path
+) -> None:
+    """An endpoint that answers, but only after seconds, is never silent once its answers
+    come in; still, while healthy deliveries wait, it holds no more than its share of the
+    slots: the deliveries that piled up for it while it held its share, claimed the moment
+    one of its slots came back, are given back instead of taking every free slot."""
+    capacity = 64
+    share = capacity // 8  # engine/worker/claim_policy.py SLOW_SHARE
+    with FakeDestination(extra_args=["--keep", "0"]) as fake, Engine(
+        dsn, tmp_path, "--procs", "1", "--max-in-flight", str(capacity),
+        "--bind", "127.0.0.1:0", "--allow-private-targets", "--drain-deadline", "1",
+    ) as engine:
+        slow = add_destination(conn, url=fake.url("slow/3000/slow"), timeout_ms=30_000)
+        healthy = add_destination(conn, url=fake.url("slow/20/healthy"))
+        # The first claim knows neither: it gets exactly `share` slow deliveries. Then far
+        # more healthy ones wait than the test lets drain, and a slow one every fifth.
+        first = [slow] * share + [healthy] * (capacity - share)
+        rest = [slow if i % 5 == 4 else healthy for i in range(20_000)]
+        for targets in (first, rest):
+            with conn.transaction():
+                queue.enqueue_events(conn, [EventIn("t", "{}", [t]) for t in targets])
+        # Two rounds of slow answers: after the first, the endpoint is known to be slow.
+        wait_until(lambda: fake.name_stats("slow").get("delivered_ids", 0) >= 2 * share, 120,
+                   "two rounds of answers from the slow endpoint")
+        assert fake.name_stats("healthy").get("delivered_ids", 0) < 16_000, \
+            "the healthy backlog ran out: the test proves nothing"
+        stats = fake.name_stats("slow")
+        assert stats["max_concurrent"] <= share, stats
+        engine.signal(signal.SIGTERM)
+        assert engine.wait(40) == 0

@@ -35,6 +35,20 @@ RATE_RECHECK_MAX_S = 0.5
 # every slot it needs. (Empty, not merely short: under a steady healthy load most claims
 # are short, and a dead endpoint would get in again.)
 SLOW_SHARE = 1 / 8
+# ...but only once the other destinations have had nothing to claim for this long. A
+# steady trickle of healthy traffic has gaps, and a claim that found nothing in one of
+# them handed every free slot to the slow endpoint for its whole response time. A slow
+# destination alone waits at most this long for more slots than its share.
+OTHERS_IDLE_S = 1.0
+# A destination whose last answer took this long is slow (a 5 s endpoint holding many
+# slots answers several times a second, so it is never silent): while it holds its share
+# it is left out like a silent one, and a claim's deliveries beyond its share are given
+# back at once instead of waiting seconds for its slots. Its backlog, piled up while it
+# was left out, would otherwise fill every free slot the moment its share came back
+# (bench/run.sh slow-destination: one 5 s endpoint held all 64 slots and cut the healthy
+# destination beside it to 0.38x). Far above what a starved CPU adds to a fast
+# endpoint's answers; a faster answer makes it normal again.
+SLOW_ANSWER_S = 2.0
 
 
 class ClaimPolicy:
@@ -53,8 +67,12 @@ class ClaimPolicy:
         # (docs/decisions/0010-adaptive-prefetch.md).
         self.prefetch = 0
         self.slow_share = max(1, int(capacity * SLOW_SHARE))
-        self.leave_out_slow = True  # False right after a claim that left them out was empty
+        self.leave_out_slow = True  # False once claims that left them out came back empty
+        # When a claim last brought deliveries of destinations it did not leave out.
+        self.others_claimed_at = -math.inf
         self.answered_at: dict[int, float] = {}  # destination id -> its last HTTP answer
+        self.slow: set[int] = set()  # destinations whose last answer took SLOW_ANSWER_S
+        self.trimming = True  # the last left_out() was not letting the slow ones in
         self.retry_due = math.inf  # monotonic time the earliest retry we recorded is due
 
     def limit(self, held: int, unrecorded: int) -> int:
@@ -73,21 +91,63 @@ class ClaimPolicy:
 
     def left_out(self, destinations: Mapping[int, DestinationSlots], now: float) -> list[int]:
         """The destinations the next claim leaves out: silent ones holding their share."""
+        # Whether that claim is to keep slow destinations to their share (beyond_share).
+        self.trimming = self.leave_out_slow
         if not self.leave_out_slow:
             return []
-        answered_at = self.answered_at
+        answered_at, slow = self.answered_at, self.slow
         return [destination for destination, slots in destinations.items()
-                if slots.piling_up(self.slow_share, now, answered_at.get(destination))]
+                if slots.piling_up(self.slow_share, now, answered_at.get(destination),
+                                   destination in slow)]
 
-    def claimed(self, left_out: list[int], limit: int, claimed: int,
-                answered_meanwhile: int) -> bool:
-        """Take in what a claim brought back; True when there is probably more to take
-        at once."""
-        self.leave_out_slow = not left_out or claimed > 0
+    def answer(self, destination: int, now: float, took_s: float) -> None:
+        """An HTTP answer came from `destination` after `took_s`."""
+        self.answered_at[destination] = now
+        if took_s >= SLOW_ANSWER_S:
+            self.slow.add(destination)
+        else:
+            self.slow.discard(destination)
+
+    def beyond_share(
+        self, claims: list[Claim], destinations: Mapping[int, DestinationSlots]
+    ) -> list[Claim]:
+        """The claims of slow destinations beyond their share of the slots (counting the
+        requests they have running): to be given back unsent. None from a claim that let
+        the slow ones in because nobody else had work (see `claimed`)."""
+        if not self.slow or not self.trimming:
+            return []
+        room: dict[int, int] = {}
+        excess: list[Claim] = []
+        for claim in claims:
+            destination = claim.destination_id
+            if destination not in self.slow:
+                continue
+            if destination not in room:
+                slots = destinations.get(destination)
+                room[destination] = self.slow_share - (len(slots.started) if slots else 0)
+            if room[destination] > 0:
+                room[destination] -= 1
+            else:
+                excess.append(claim)
+        return excess
+
+    def claimed(self, left_out: list[int], limit: int, claims: Iterable[Claim],
+                answered_meanwhile: int, now: float) -> bool:
+        """Take in what a claim brought back (`now`: monotonic time); True when there is
+        probably more to take at once."""
+        excluded = set(left_out)
+        count = 0
+        for claim in claims:
+            count += 1
+            if claim.destination_id not in excluded:
+                self.others_claimed_at = now
+        self.leave_out_slow = (not left_out or count > 0
+                               or now - self.others_claimed_at < OTHERS_IDLE_S)
         self.prefetch = min(self.capacity, CLAIM_CAP, 2 * answered_meanwhile)
-        # A claim that left silent destinations out and found nothing else is followed
-        # at once by one that takes them too, not by a wait for the next poll.
-        return claimed == limit or (bool(left_out) and claimed == 0)
+        # A claim that left silent destinations out and found nothing else, the others
+        # idle long enough, is followed at once by one that takes them too, not by a
+        # wait for the next poll.
+        return count == limit or (bool(left_out) and not self.leave_out_slow)
 
     def wait_deadline(self) -> float:
         """Until when an idle worker waits for a NOTIFY: the poll interval, or sooner a

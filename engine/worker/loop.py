@@ -198,8 +198,8 @@ class DeliveryWorker:
                 continue
             self.outage.recovered()
             took = time.perf_counter() - started
-            maybe_more = policy.claimed(left_out, limit, len(claims),
-                                        self.answered - answered_before)
+            maybe_more = policy.claimed(left_out, limit, claims,
+                                        self.answered - answered_before, time.monotonic())
             self.metrics.claim_seconds.observe(took)
             self.metrics.claim_batch_size.observe(len(claims))
             if self.stopping or self._claim_outlived_lease(took):
@@ -207,6 +207,13 @@ class DeliveryWorker:
                     self.held += 1
                     self._release(claim)
             else:
+                excess = policy.beyond_share(claims, self.destinations)
+                if excess:
+                    given_back = {claim.id for claim in excess}
+                    claims = [claim for claim in claims if claim.id not in given_back]
+                    for claim in excess:
+                        self.held += 1
+                        self._release(claim)
                 self._dispatch(claims)
                 policy.rate_limited(claims, holding_booked=bool(self.paced))
             self.metrics.in_flight.set(self.sending)
@@ -336,7 +343,8 @@ class DeliveryWorker:
             result = outcome.released(claim)
         else:
             if response.status_code is not None:
-                self.policy.answered_at[claim.destination_id] = time.monotonic()
+                self.policy.answer(claim.destination_id, time.monotonic(),
+                                   response.duration_ms / 1000)
             result = outcome.response_result(claim, response, self.settings.retry_schedule)
         self.recorder.add(result, returns_slot=claim.fills_cap)
         self._finished(slots, claim.destination_id)

@@ -30,15 +30,18 @@ class DestinationSlots:
         self.waiting: Waiting = deque()
         self.started: dict[int, float] = {}  # delivery id -> when its request began
 
-    def piling_up(self, share: int, now: float, answered_at: float | None) -> bool:
+    def piling_up(self, share: int, now: float, answered_at: float | None,
+                  slow: bool = False) -> bool:
         """Holding `share` slots or more while silent: no HTTP answer for SLOW_REQUEST_S,
         or none yet in this process. A dead endpoint must not fill the slots during its
         first SLOW_REQUEST_S, when claims come quickly; a live one answers within
         milliseconds and is let through from then on. Silence, not the age of requests:
-        on a starved CPU even a fast endpoint's requests get old, but answers keep coming."""
+        on a starved CPU even a fast endpoint's requests get old, but answers keep coming.
+        `slow`: its answers are known to take seconds (ClaimPolicy.answer), so it is not
+        let through on the strength of its answers."""
         if len(self.started) < share:
             return False
-        return answered_at is None or now - answered_at > SLOW_REQUEST_S
+        return slow or answered_at is None or now - answered_at > SLOW_REQUEST_S
 
 
 def take_overstayed(queues: Iterable[Waiting], now: float, lease_ms: int) -> list[Claim]:

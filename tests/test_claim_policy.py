@@ -1,0 +1,99 @@
+"""When a worker leaves a silent destination out of its claims, and when it lets it back in
+(engine/worker/claim_policy.py). Pure: the policy is driven with explicit monotonic times,
+as the claim loop drives it."""
+
+from __future__ import annotations
+
+from engine.domain import Claim
+from engine.worker.claim_policy import OTHERS_IDLE_S, SLOW_ANSWER_S, ClaimPolicy
+from engine.worker.slots import SLOW_REQUEST_S, DestinationSlots
+
+CAPACITY = 64
+SLOW, HEALTHY = 1, 2
+
+
+def claim(delivery_id: int, destination_id: int) -> Claim:
+    return Claim(delivery_id, delivery_id, destination_id, 1, "http://127.0.0.1:9/", 5000,
+                 [], "{}")
+
+
+def piling_up(policy: ClaimPolicy, since: float, held: int | None = None
+              ) -> dict[int, DestinationSlots]:
+    """SLOW holds `held` slots (default: its share) with requests started at `since`."""
+    slots = DestinationSlots()
+    slots.started = {n: since for n in range(policy.slow_share if held is None else held)}
+    return {SLOW: slots}
+
+
+def test_a_slow_destination_holding_its_share_is_left_out() -> None:
+    policy = ClaimPolicy(CAPACITY)
+    assert policy.left_out(piling_up(policy, 0.0), SLOW_REQUEST_S + 0.1) == [SLOW]
+    answered = ClaimPolicy(CAPACITY)
+    answered.answered_at[SLOW] = 1.0
+    assert answered.left_out(piling_up(answered, 0.0), 1.0 + SLOW_REQUEST_S / 2) == []
+
+
+def test_a_gap_in_healthy_traffic_does_not_hand_the_slots_to_the_slow_destination() -> None:
+    policy = ClaimPolicy(CAPACITY)
+    t = 10.0
+    destinations = piling_up(policy, t - 1)
+    # A claim that left SLOW out brought healthy deliveries...
+    assert policy.left_out(destinations, t) == [SLOW]
+    policy.claimed([SLOW], 20, [claim(1, HEALTHY)], 0, t)
+    # ...and the next, a moment later, found nothing: a gap in the trickle.
+    t += 0.05
+    assert policy.left_out(destinations, t) == [SLOW]
+    more_now = policy.claimed([SLOW], 20, [], 0, t)
+    assert not more_now, "an empty claim right after healthy traffic claimed again at once"
+    assert policy.left_out(destinations, t + 0.01) == [SLOW]
+    # Still idle just before OTHERS_IDLE_S: still left out.
+    t += OTHERS_IDLE_S - 0.1
+    policy.claimed([SLOW], 20, [], 0, t)
+    assert policy.left_out(destinations, t) == [SLOW]
+
+
+def test_once_the_others_stay_idle_the_slow_destination_gets_the_free_slots() -> None:
+    policy = ClaimPolicy(CAPACITY)
+    t = 10.0
+    destinations = piling_up(policy, t - 1)
+    policy.claimed([SLOW], 20, [claim(1, HEALTHY)], 0, t)
+    t += OTHERS_IDLE_S + 0.01
+    more_now = policy.claimed([SLOW], 20, [], 0, t)
+    assert more_now, "the claim that takes the slow destination too comes at once"
+    assert policy.left_out(destinations, t) == []
+    # That claim (nothing left out) takes SLOW's deliveries; after it the rule is back.
+    policy.claimed([], 20, [claim(2, SLOW)], 0, t)
+    assert policy.left_out(destinations, t) == [SLOW]
+
+
+def test_a_slow_destination_alone_is_let_in_at_once() -> None:
+    """Nothing else was ever claimed: no one to protect, no wait."""
+    policy = ClaimPolicy(CAPACITY)
+    destinations = piling_up(policy, 0.0)
+    assert policy.left_out(destinations, 5.0) == [SLOW]
+    assert policy.claimed([SLOW], 20, [], 0, 5.0)
+    assert policy.left_out(destinations, 5.0) == []
+
+
+def test_a_slow_but_answering_destination_holding_its_share_is_left_out() -> None:
+    policy = ClaimPolicy(CAPACITY)
+    destinations = piling_up(policy, 9.0)
+    policy.answer(SLOW, 10.0, SLOW_ANSWER_S + 1)  # answered just now, after 3 s
+    assert policy.left_out(destinations, 10.01) == [SLOW]
+    policy.answer(SLOW, 10.02, 0.05)  # a fast answer: normal again
+    assert policy.left_out(destinations, 10.03) == []
+
+
+def test_a_claim_gives_back_what_a_slow_destination_has_beyond_its_share() -> None:
+    policy = ClaimPolicy(CAPACITY)
+    policy.answer(SLOW, 10.0, SLOW_ANSWER_S + 1)
+    destinations = piling_up(policy, 9.0, held=policy.slow_share - 2)
+    claims = [claim(n, SLOW) for n in range(1, 6)] + [claim(n, HEALTHY) for n in range(6, 9)]
+    excess = policy.beyond_share(claims, destinations)
+    assert [c.id for c in excess] == [3, 4, 5], "keeps the two oldest, gives back the rest"
+    # Not slow (its answers are fast), or let in because nobody else had work: all kept.
+    assert ClaimPolicy(CAPACITY).beyond_share(claims, destinations) == []
+    policy.leave_out_slow = False
+    assert policy.left_out(destinations, 10.0) == []  # the claim that lets them in...
+    policy.claimed([], 20, claims, 0, 10.0)
+    assert policy.beyond_share(claims, destinations) == []  # ...keeps all it took
