@@ -89,11 +89,36 @@ def test_a_claim_gives_back_what_a_slow_destination_has_beyond_its_share() -> No
     policy.answer(SLOW, 10.0, SLOW_ANSWER_S + 1)
     destinations = piling_up(policy, 9.0, held=policy.slow_share - 2)
     claims = [claim(n, SLOW) for n in range(1, 6)] + [claim(n, HEALTHY) for n in range(6, 9)]
-    excess = policy.beyond_share(claims, destinations)
+    excess = policy.beyond_share(claims, destinations, 10.0)
     assert [c.id for c in excess] == [3, 4, 5], "keeps the two oldest, gives back the rest"
     # Not slow (its answers are fast), or let in because nobody else had work: all kept.
-    assert ClaimPolicy(CAPACITY).beyond_share(claims, destinations) == []
+    assert ClaimPolicy(CAPACITY).beyond_share(claims, destinations, 10.0) == []
     policy.leave_out_slow = False
     assert policy.left_out(destinations, 10.0) == []  # the claim that lets them in...
     policy.claimed([], 20, claims, 0, 10.0)
-    assert policy.beyond_share(claims, destinations) == []  # ...keeps all it took
+    assert policy.beyond_share(claims, destinations, 10.0) == []  # ...keeps all it took
+
+
+def test_many_dead_endpoints_together_keep_to_the_group_share() -> None:
+    """Fifty endpoints with one unanswered request each hold no share of their own, but
+    together they are left out once they hold the group's share, and a claim's deliveries
+    to them beyond the group's room are given back."""
+    policy = ClaimPolicy(CAPACITY)
+    dead = list(range(100, 100 + policy.slow_group_share))
+    destinations: dict[int, DestinationSlots] = {}
+    for n, destination in enumerate(dead):
+        slots = destinations[destination] = DestinationSlots()
+        slots.started = {n: 0.0}
+    young = SLOW_ANSWER_S / 2  # not yet: a fast endpoint's request may be that old
+    assert policy.left_out(destinations, young) == []
+    late = SLOW_ANSWER_S + 0.5
+    assert sorted(policy.left_out(destinations, late)) == dead
+    # One of them answered after its oldest request began: not dead, not in the group.
+    policy.answered_at[dead[0]] = 1.0
+    assert policy.left_out(destinations, late) == []
+    # Room for one more in the group: a claim keeps one delivery to a silent endpoint.
+    del policy.answered_at[dead[0]]
+    del destinations[dead[0]]
+    policy.left_out(destinations, late)
+    claims = [claim(1, dead[1]), claim(2, HEALTHY), claim(3, dead[2])]
+    assert [c.id for c in policy.beyond_share(claims, destinations, late)] == [3]

@@ -49,6 +49,11 @@ OTHERS_IDLE_S = 1.0
 # destination beside it to 0.38x). Far above what a starved CPU adds to a fast
 # endpoint's answers; a faster answer makes it normal again.
 SLOW_ANSWER_S = 2.0
+# Slow destinations together (those above, and those whose requests ran out their timeout
+# unanswered) hold at most this share of the slots while others have work: fifty dead
+# endpoints with one request each are as harmful as one with fifty (bench/run.sh
+# dead-destination: the healthy destination beside them fell to 0.08-0.18x).
+SLOW_GROUP_SHARE = 1 / 4
 
 
 class ClaimPolicy:
@@ -67,6 +72,7 @@ class ClaimPolicy:
         # (docs/decisions/0010-adaptive-prefetch.md).
         self.prefetch = 0
         self.slow_share = max(1, int(capacity * SLOW_SHARE))
+        self.slow_group_share = max(1, int(capacity * SLOW_GROUP_SHARE))
         self.leave_out_slow = True  # False once claims that left them out came back empty
         # When a claim last brought deliveries of destinations it did not leave out.
         self.others_claimed_at = -math.inf
@@ -96,9 +102,34 @@ class ClaimPolicy:
         if not self.leave_out_slow:
             return []
         answered_at, slow = self.answered_at, self.slow
-        return [destination for destination, slots in destinations.items()
-                if slots.piling_up(self.slow_share, now, answered_at.get(destination),
-                                   destination in slow)]
+        left_out = [destination for destination, slots in destinations.items()
+                    if slots.piling_up(self.slow_share, now, answered_at.get(destination),
+                                       destination in slow)]
+        group, held = self._slow_group(destinations, now)
+        if held >= self.slow_group_share:
+            left_out = list(set(left_out) | group)
+        return left_out
+
+    def _slow_group(
+        self, destinations: Mapping[int, DestinationSlots], now: float
+    ) -> tuple[set[int], int]:
+        """The slow destinations, and the slots they hold: those known slow, and those
+        whose oldest running request has gone SLOW_ANSWER_S without any answer since (a
+        dead endpoint, before its first timeout tells us)."""
+        group = set(self.slow)
+        held = 0
+        answered_at = self.answered_at
+        for destination, slots in destinations.items():
+            if not slots.started:
+                continue
+            if destination not in group:
+                oldest = min(slots.started.values())
+                if (now - oldest < SLOW_ANSWER_S
+                        or answered_at.get(destination, -math.inf) > oldest):
+                    continue
+                group.add(destination)
+            held += len(slots.started)
+        return group, held
 
     def answer(self, destination: int, now: float, took_s: float) -> None:
         """An HTTP answer came from `destination` after `took_s`."""
@@ -108,25 +139,36 @@ class ClaimPolicy:
         else:
             self.slow.discard(destination)
 
+    def no_answer(self, destination: int, took_s: float) -> None:
+        """A request to `destination` ended without an HTTP answer after `took_s` (a
+        timeout, a connection that hung): slow, as far as slots go."""
+        if took_s >= SLOW_ANSWER_S:
+            self.slow.add(destination)
+
     def beyond_share(
-        self, claims: list[Claim], destinations: Mapping[int, DestinationSlots]
+        self, claims: list[Claim], destinations: Mapping[int, DestinationSlots], now: float
     ) -> list[Claim]:
         """The claims of slow destinations beyond their share of the slots (counting the
         requests they have running): to be given back unsent. None from a claim that let
         the slow ones in because nobody else had work (see `claimed`)."""
-        if not self.slow or not self.trimming:
+        if not self.trimming:
+            return []
+        group, held = self._slow_group(destinations, now)
+        if not group:
             return []
         room: dict[int, int] = {}
+        group_room = self.slow_group_share - held
         excess: list[Claim] = []
         for claim in claims:
             destination = claim.destination_id
-            if destination not in self.slow:
+            if destination not in group:
                 continue
             if destination not in room:
                 slots = destinations.get(destination)
                 room[destination] = self.slow_share - (len(slots.started) if slots else 0)
-            if room[destination] > 0:
+            if room[destination] > 0 and group_room > 0:
                 room[destination] -= 1
+                group_room -= 1
             else:
                 excess.append(claim)
         return excess

@@ -207,7 +207,7 @@ class DeliveryWorker:
                     self.held += 1
                     self._release(claim)
             else:
-                excess = policy.beyond_share(claims, self.destinations)
+                excess = policy.beyond_share(claims, self.destinations, time.monotonic())
                 if excess:
                     given_back = {claim.id for claim in excess}
                     claims = [claim for claim in claims if claim.id not in given_back]
@@ -345,6 +345,8 @@ class DeliveryWorker:
             if response.status_code is not None:
                 self.policy.answer(claim.destination_id, time.monotonic(),
                                    response.duration_ms / 1000)
+            else:
+                self.policy.no_answer(claim.destination_id, response.duration_ms / 1000)
             result = outcome.response_result(claim, response, self.settings.retry_schedule)
         self.recorder.add(result, returns_slot=claim.fills_cap)
         self._finished(slots, claim.destination_id)
