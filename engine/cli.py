@@ -18,6 +18,7 @@ from engine.config import ConfigError, Settings, load_settings
 from engine.database import describe, open_database
 from engine.embedded import EmbeddedError
 from engine.migrate import SchemaTooNew, migrate, schema_version
+from engine.parent_link import exit_with_parent
 
 
 def _add_common(parser: argparse.ArgumentParser, *, on_subcommand: bool = True) -> None:
@@ -168,6 +169,7 @@ COMMANDS: dict[str, Callable[[Settings], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_with_parent()
     parser = build_parser()
     args = parser.parse_args(argv)
     settings: Settings | None = None

@@ -3,6 +3,7 @@ behind (the embedded database, the engine and its children are all stopped)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -90,4 +91,39 @@ def test_ctrl_c_stops_the_demo_with_a_summary(empty_folder: Path) -> None:
     assert demo.returncode == 0, (out, err)
     assert "interrupted" in out and "events accepted" in out
     assert "Traceback" not in err
+    assert processes_using(empty_folder) == []
+
+
+def test_a_killed_demo_takes_its_engine_with_it(empty_folder: Path) -> None:
+    """SIGKILL leaves the demo no chance to stop anything: the engine it started (in a
+    session of its own, out of Ctrl-C's reach) stops by itself when its parent dies
+    (engine/parent_link.py)."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "demo", "--duration", "600"],
+        cwd=empty_folder, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:  # the first progress line: the engine is running
+            if "accepted=" in line:
+                break
+        engines = [child for child in psutil.Process(demo.pid).children()
+                   if "engine.cli" in " ".join(child.cmdline()) and "demo" not in child.cmdline()]
+        assert len(engines) == 1, engines
+        demo.kill()
+        demo.wait()
+        _, alive = psutil.wait_procs(engines, timeout=120)
+        assert not alive, f"the engine outlived its killed demo: {alive}"
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        # The embedded database the demo started is left running by design of SIGKILL;
+        # stopped here (fast shutdown), as the test started it.
+        for proc in processes_using(empty_folder):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if proc.name() == "postgres" and "-D" in proc.cmdline():
+                    proc.send_signal(signal.SIGINT)
+        psutil.wait_procs(processes_using(empty_folder), timeout=60)
     assert processes_using(empty_folder) == []

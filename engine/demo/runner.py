@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from engine.database import open_database
 from engine.demo import view
 from engine.demo.fakes import BEHAVIOURS, FakeDestinations
 from engine.migrate import migrate
+from engine.parent_link import EXIT_WITH_PARENT_ENV
 from engine.supervisor import open_listen_socket
 
 # Short enough that retries, dead letters and breaker cycles show within a minute.
@@ -164,8 +166,10 @@ def run(settings: Settings, duration_s: float, rate: float) -> int:
                 [sys.executable, "-m", "engine.cli", "--dsn", database.dsn, "--config",
                  str(config), "--procs", "1", "--bind", bind, "--allow-private-targets"],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                # Its own session: Ctrl-C reaches the demo, which then stops the engine.
+                # Its own session: Ctrl-C reaches the demo, which then stops the engine;
+                # and if the demo is killed outright, the engine stops too.
                 start_new_session=True,
+                env={**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid())},
             )
         where = "embedded PostgreSQL in ./.engine/" if database.embedded else "--dsn database"
         console.print(f"engine demo: {where}, engine on {api} (log {log}), "
