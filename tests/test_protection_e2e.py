@@ -134,6 +134,17 @@ def test_dead_destination_recovers_and_the_other_keeps_pace(
         assert len(engine.events("leader_released")) == 1
 
 
+CAPACITY = 64
+SHARE = CAPACITY // 8  # engine/worker/claim_policy.py SLOW_SHARE
+
+
+def one_worker(dsn: str, tmp_path: Path, *extra: str) -> Engine:
+    """An engine with one worker of CAPACITY slots."""
+    return Engine(dsn, tmp_path, "--procs", "1", "--max-in-flight", str(CAPACITY),
+                  "--bind", "127.0.0.1:0", "--allow-private-targets", "--drain-deadline", "1",
+                  *extra)
+
+
 def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
     dsn: str, conn: psycopg.Connection, tmp_path: Path
 ) -> None:
@@ -141,11 +152,8 @@ def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
     stops claiming for an endpoint whose requests pile up unanswered once they hold its
     share of the slots (an eighth), so the healthy backlog drains long before the first of
     the hanging requests times out."""
-    capacity = 64
-    share = capacity // 8  # engine/worker/claim_policy.py SLOW_SHARE
-    with FakeDestination(extra_args=["--keep", "0"]) as fake, Engine(
-        dsn, tmp_path, "--procs", "1", "--max-in-flight", str(capacity),
-        "--bind", "127.0.0.1:0", "--allow-private-targets", "--drain-deadline", "1",
+    with FakeDestination(extra_args=["--keep", "0"]) as fake, one_worker(
+        dsn, tmp_path,
         # Hanging requests that time out only after two minutes: room for a starved
         # machine to drain the healthy backlog before the first of them does.
         "--max-timeout", "120s", "--lease", "200s",
@@ -153,10 +161,10 @@ def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
         hanging = add_destination(conn, url=fake.url("dead/hanging"), timeout_ms=120_000)
         healthy = add_destination(conn, url=fake.url("slow/20/healthy"))
         # The worker's first claim fills every slot before anything is known about either
-        # destination: it gets exactly `share` hanging deliveries (this transaction's rows
+        # destination: it gets exactly `SHARE` hanging deliveries (this transaction's rows
         # are due first). From then on the hanging endpoint must get no more slots while
         # healthy deliveries wait, and far more of them wait than the test lets drain.
-        first = [hanging] * share + [healthy] * (capacity - share)
+        first = [hanging] * SHARE + [healthy] * (CAPACITY - SHARE)
         rest = [hanging if i % 5 == 4 else healthy for i in range(5000)]
         for targets in (first, rest):
             with conn.transaction():
@@ -164,8 +172,8 @@ def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
         wait_until(lambda: fake.name_stats("healthy").get("delivered_ids", 0) >= 2000, 110,
                    "the healthy backlog, within the hanging requests' timeout")
         stats = fake.name_stats("hanging")
-        assert stats["max_concurrent"] == share, stats
-        assert stats["requests"] == share, stats
+        assert stats["max_concurrent"] == SHARE, stats
+        assert stats["requests"] == SHARE, stats
         engine.signal(signal.SIGTERM)
         assert engine.wait(40) == 0
 
@@ -177,27 +185,25 @@ def test_a_slow_but_answering_endpoint_keeps_to_its_share_of_the_slots(
     come in; still, while healthy deliveries wait, it holds no more than its share of the
     slots: the deliveries that piled up for it while it held its share, claimed the moment
     one of its slots came back, are given back instead of taking every free slot."""
-    capacity = 64
-    share = capacity // 8  # engine/worker/claim_policy.py SLOW_SHARE
-    with FakeDestination(extra_args=["--keep", "0"]) as fake, Engine(
-        dsn, tmp_path, "--procs", "1", "--max-in-flight", str(capacity),
-        "--bind", "127.0.0.1:0", "--allow-private-targets", "--drain-deadline", "1",
+    with FakeDestination(extra_args=["--keep", "0"]) as fake, one_worker(
+        dsn, tmp_path
     ) as engine:
         slow = add_destination(conn, url=fake.url("slow/3000/slow"), timeout_ms=30_000)
-        healthy = add_destination(conn, url=fake.url("slow/20/healthy"))
-        # The first claim knows neither: it gets exactly `share` slow deliveries. Then far
+        # 50 ms: the healthy backlog lasts well past two slow rounds on a fast machine too.
+        healthy = add_destination(conn, url=fake.url("slow/50/healthy"))
+        # The first claim knows neither: it gets exactly `SHARE` slow deliveries. Then far
         # more healthy ones wait than the test lets drain, and a slow one every fifth.
-        first = [slow] * share + [healthy] * (capacity - share)
+        first = [slow] * SHARE + [healthy] * (CAPACITY - SHARE)
         rest = [slow if i % 5 == 4 else healthy for i in range(20_000)]
         for targets in (first, rest):
             with conn.transaction():
                 queue.enqueue_events(conn, [EventIn("t", "{}", [t]) for t in targets])
         # Two rounds of slow answers: after the first, the endpoint is known to be slow.
-        wait_until(lambda: fake.name_stats("slow").get("delivered_ids", 0) >= 2 * share, 120,
+        wait_until(lambda: fake.name_stats("slow").get("delivered_ids", 0) >= 2 * SHARE, 120,
                    "two rounds of answers from the slow endpoint")
         assert fake.name_stats("healthy").get("delivered_ids", 0) < 16_000, \
             "the healthy backlog ran out: the test proves nothing"
         stats = fake.name_stats("slow")
-        assert stats["max_concurrent"] <= share, stats
+        assert stats["max_concurrent"] <= SHARE, stats
         engine.signal(signal.SIGTERM)
         assert engine.wait(40) == 0
