@@ -31,7 +31,10 @@ pytestmark = pytest.mark.pg_versions
 EXAMPLES = 40
 MAX_ATTEMPTS = 4
 OUTCOMES = ("delivered", "retry", "dead", "released", "reaped")
-DEADLINE_S = 60.0
+# Only a guard against a claimer that never finishes, not a timing claim: a plan of 140
+# deliveries claimed one at a time with three releases in five took over 60 s with the
+# suite running twice beside it (2026-12-01, tools/test-loaded.sh with CI alongside).
+DEADLINE_S = 300.0
 NO_BREAKER = BreakerSettings(threshold=1_000_000_000)
 
 # Per capped destination, in one snapshot: its counter, the in-flight deliveries holding a
