@@ -61,8 +61,10 @@ MAX_CLAIMERS = 8
 # does when the schedule runs out; it bounds every example.
 DRAIN_MAX_ATTEMPTS = 4
 DRAIN_OUTCOMES = ("delivered", "retry", "dead", "released")
-# Generous: a healthy example drains in well under a second.
-DRAIN_DEADLINE_S = 60.0
+# Only a guard against a claimer that never finishes: a healthy example drains in well
+# under a second on a quiet machine, but a loaded one stretched a similar one-at-a-time
+# plan in tests/test_cap_counter.py past 60 s.
+DRAIN_DEADLINE_S = 300.0
 # The lease only matters here as the half-open breaker's probe pause (nothing reaps in
 # these tests): short, so a released probe does not stall an example for long.
 DRAIN_LEASE_MS = 50
