@@ -7,9 +7,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import settings
 
 from engine.testing.ingress_server import IngressProcess
 from tests.kit.dbserver import DatabaseFactory, test_server, truncate_all
+
+# No per-example deadline (hypothesis's default is 200 ms): tests assert behaviour, not
+# timings, and a loaded 2-core machine takes longer than that for an example that builds
+# a few prometheus registries (issue 19). A test's own @settings still wins.
+settings.register_profile("engine", deadline=None)
+settings.load_profile("engine")
 
 
 @pytest.fixture(scope="session")

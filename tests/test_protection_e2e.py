@@ -19,8 +19,14 @@ from tests.kit.data import add_destination
 from tests.kit.enginerun import Engine, wait_until
 
 FEED_INTERVAL_S = 0.05
-OUTAGE = (2.0, 6.0)  # seconds after the feed starts: the dying destination answers 500
-FEED_S = 9.0
+# The dying destination answers 500 from OUTAGE_START_S after the feed starts, for at
+# least OUTAGE_MIN_S and until a probe has failed (the breaker's doubled pause is seen):
+# ended on that event, not on the clock, so a starved engine that opens its breaker late
+# still shows a failed probe. The feed goes on FEED_AFTER_S past the outage.
+OUTAGE_START_S = 2.0
+OUTAGE_MIN_S = 4.0
+OUTAGE_GUARD_S = 120.0  # a breaker that never probes: end anyway, the assertions fail
+FEED_AFTER_S = 3.0
 
 
 def one(conn: psycopg.Connection, query: str, *params: object) -> object:
@@ -72,13 +78,17 @@ def test_dead_destination_recovers_and_the_other_keeps_pace(
         event_ids: list[int] = []
         begun = time.monotonic()
         outage = "before"
-        while (elapsed := time.monotonic() - begun) < FEED_S:
-            if outage == "before" and elapsed >= OUTAGE[0]:
+        outage_began = outage_ended = 0.0
+        while outage != "after" or time.monotonic() - outage_ended < FEED_AFTER_S:
+            elapsed = time.monotonic() - begun
+            if outage == "before" and elapsed >= OUTAGE_START_S:
                 fake.control("dying", "fail", 500)
-                outage = "during"
-            elif outage == "during" and elapsed >= OUTAGE[1]:
+                outage, outage_began = "during", time.monotonic()
+            elif outage == "during" and time.monotonic() - outage_began >= OUTAGE_MIN_S and (
+                    ("open", 2000) in states
+                    or time.monotonic() - outage_began >= OUTAGE_GUARD_S):
                 fake.control("dying", "ok")
-                outage = "after"
+                outage, outage_ended = "after", time.monotonic()
             with conn.transaction():
                 [(event_id, _)] = queue.enqueue_events(
                     conn, [EventIn("t", "{}", [dying, steady])])
@@ -97,8 +107,8 @@ def test_dead_destination_recovers_and_the_other_keeps_pace(
                    dying) == "closed"
         assert one(conn, "SELECT count(*) FROM finished_deliveries WHERE destination_id = %s"
                          " AND status = 'delivered'", dying) == len(event_ids)
-        # Without the breaker every event of the 4 s outage (~80) would fail at least once;
-        # with it: the threshold, what was already in flight, and one probe per pause.
+        # Without the breaker every event of the outage (4 s or more: 80 or more) would fail
+        # at least once; with it: the threshold, what was in flight, one probe per pause.
         failed = one(conn, "SELECT count(*) FROM delivery_attempts a JOIN finished_deliveries f"
                            " ON f.id = a.delivery_id WHERE f.destination_id = %s"
                            " AND a.status_code = 500", dying)
