@@ -60,8 +60,17 @@ def test_worker_frozen_in_its_claim_transaction(
             os.kill(frozen, signal.SIGSTOP)
             try:
                 locker.commit()
-                wait_until(lambda: (claim_session(conn, frozen) or ("",))[0]
-                           == "idle in transaction", 10, "the frozen claim left open")
+                seen: list[tuple[str, str] | None] = []
+
+                def claim_left_open() -> bool:
+                    seen.append(claim_session(conn, frozen))
+                    return seen[-1] is not None and seen[-1][0] == "idle in transaction"
+
+                # A guard, not a timing bound: the first statement has only to finish.
+                try:
+                    wait_until(claim_left_open, 60, "the frozen claim left open")
+                except AssertionError as error:
+                    raise AssertionError(f"{error}; its session was {set(seen)}") from None
                 left_open = time.monotonic()
                 # Nobody is left to end it but the server.
                 wait_until(lambda: claim_session(conn, frozen) is None,
