@@ -68,12 +68,17 @@ def test_demo_from_an_empty_folder(empty_folder: Path) -> None:
     assert processes_using(empty_folder) == []
 
 
-def test_ctrl_c_stops_the_demo_with_a_summary(empty_folder: Path) -> None:
-    demo = subprocess.Popen(
+def start_long_demo(folder: Path, stderr: int) -> subprocess.Popen[str]:
+    """`engine demo` for ten minutes in `folder`, its stdout read by the caller."""
+    return subprocess.Popen(
         [sys.executable, "-m", "engine.cli", "demo", "--duration", "600"],
-        cwd=empty_folder, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=folder, env=environment(), stdout=subprocess.PIPE, stderr=stderr,
         text=True, stdin=subprocess.DEVNULL,
     )
+
+
+def test_ctrl_c_stops_the_demo_with_a_summary(empty_folder: Path) -> None:
+    demo = start_long_demo(empty_folder, subprocess.PIPE)
     try:
         assert demo.stdout is not None
         seen = []
@@ -98,11 +103,7 @@ def test_a_killed_demo_takes_its_engine_with_it(empty_folder: Path) -> None:
     """SIGKILL leaves the demo no chance to stop anything: the engine it started (in a
     session of its own, out of Ctrl-C's reach) stops by itself when its parent dies
     (engine/parent_link.py)."""
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", "demo", "--duration", "600"],
-        cwd=empty_folder, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, stdin=subprocess.DEVNULL,
-    )
+    demo = start_long_demo(empty_folder, subprocess.DEVNULL)
     try:
         assert demo.stdout is not None
         for line in demo.stdout:  # the first progress line: the engine is running

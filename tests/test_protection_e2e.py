@@ -80,15 +80,14 @@ def test_dead_destination_recovers_and_the_other_keeps_pace(
         outage = "before"
         outage_began = outage_ended = 0.0
         while outage != "after" or time.monotonic() - outage_ended < FEED_AFTER_S:
-            elapsed = time.monotonic() - begun
-            if outage == "before" and elapsed >= OUTAGE_START_S:
+            now = time.monotonic()
+            if outage == "before" and now - begun >= OUTAGE_START_S:
                 fake.control("dying", "fail", 500)
-                outage, outage_began = "during", time.monotonic()
-            elif outage == "during" and time.monotonic() - outage_began >= OUTAGE_MIN_S and (
-                    ("open", 2000) in states
-                    or time.monotonic() - outage_began >= OUTAGE_GUARD_S):
+                outage, outage_began = "during", now
+            elif outage == "during" and now - outage_began >= OUTAGE_MIN_S and (
+                    ("open", 2000) in states or now - outage_began >= OUTAGE_GUARD_S):
                 fake.control("dying", "ok")
-                outage, outage_ended = "after", time.monotonic()
+                outage, outage_ended = "after", now
             with conn.transaction():
                 [(event_id, _)] = queue.enqueue_events(
                     conn, [EventIn("t", "{}", [dying, steady])])
