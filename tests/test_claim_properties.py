@@ -44,7 +44,7 @@ from engine import queue, retry
 from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, EventIn, Result
 from tests.kit.data import add_destination
-from tests.kit.dbserver import truncate_all
+from tests.kit.dbserver import stop_autovacuum, truncate_all
 
 pytestmark = pytest.mark.pg_versions
 
@@ -915,6 +915,7 @@ MACHINE_SETTINGS = settings(
 
 
 def test_queue_matches_its_model(conn: psycopg.Connection) -> None:
+    stop_autovacuum(conn)
     for statement in INSTALL_CLOCK:
         conn.execute(statement)
     QueueMachine.conn = conn
@@ -943,6 +944,7 @@ class BreakerMachine(QueueMachine):
 
 
 def test_breaker_matches_its_model(conn: psycopg.Connection) -> None:
+    stop_autovacuum(conn)
     for statement in INSTALL_CLOCK:
         conn.execute(statement)
     BreakerMachine.conn = conn

@@ -98,3 +98,18 @@ def truncate_all(conn: psycopg.Connection) -> None:
         "TRUNCATE " + ", ".join(TABLES) + " RESTART IDENTITY CASCADE"
     )
     conn.execute("ALTER SEQUENCE delivery_id_seq RESTART")
+
+
+def stop_autovacuum(conn: psycopg.Connection) -> None:
+    """No autovacuum or autoanalyze on the queue's tables in this (per-test) database.
+
+    For tests that replay a run and need the database to answer the same way each time
+    (the hypothesis state machines): claims order ties in next_attempt_at by the heap
+    order of the rows, and a vacuum that ran in one run but not in its replay moves rows
+    (and an analyze changes plans), so the replay claims other rows, draws differently,
+    and hypothesis reports FlakyStrategyDefinition (CI, 2026-12-01). With only the
+    test's own connection on the database, pruning and plans then follow its
+    statements alone."""
+    for table in TABLES:
+        conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false,"
+                     " toast.autovacuum_enabled = false)")
