@@ -16,7 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -110,6 +110,25 @@ def in_flight_of(conn: psycopg.Connection, pids: list[int]) -> int:
     return int(row[0]) if row else 0
 
 
+def wait_for_claims(conn: psycopg.Connection, pids: list[int], host: str,
+                    feed: Callable[[float], None]) -> None:
+    """Feed until one of `pids` holds a claim. Normally within a second; the 60 s is a
+    guard, and its failure names who held what and what each worker session was doing
+    (CI once saw host a hold nothing for 20 s, cause unseen)."""
+    try:
+        wait_until(lambda: in_flight_of(conn, pids) > 0 or (feed(0.2) or False), 60,
+                   f"host {host} holding claims")
+    except AssertionError as error:
+        holders = conn.execute("SELECT locked_by, count(*) FROM deliveries"
+                               " WHERE status = 'in_flight' GROUP BY 1").fetchall()
+        sessions = conn.execute(
+            "SELECT application_name, client_addr::text, state, wait_event_type, wait_event,"
+            " left(query, 60) FROM pg_stat_activity WHERE application_name LIKE 'engine%'"
+            " ORDER BY 1").fetchall()
+        raise AssertionError(f"{error}; workers {pids}; claims held {holders};"
+                             f" sessions {sessions}") from None
+
+
 def test_cut_and_frozen_hosts(tmp_path: Path) -> None:
     config = tmp_path / "engine.toml"
     config.write_text(f'lease = "{LEASE_S}s"\nmax_timeout = "2s"\ndefault_timeout = "1s"\n')
@@ -157,8 +176,7 @@ def test_cut_and_frozen_hosts(tmp_path: Path) -> None:
             feed(3)
             a_workers = a.worker_pids()
             # Cut host a's link, with work in flight.
-            wait_until(lambda: in_flight_of(conn, a_workers) > 0 or (feed(0.2) or False), 20,
-                       "host a holding claims")
+            wait_for_claims(conn, a_workers, "a", feed)
             ip("link", "set", "eng13ah", "down")
             began = time.monotonic()
             held = in_flight_of(conn, a_workers)
@@ -169,8 +187,7 @@ def test_cut_and_frozen_hosts(tmp_path: Path) -> None:
             # Freeze host b's whole tree.
             tree = [b.pid, *(c.pid for c in psutil.Process(b.pid).children(recursive=True))]
             b_workers = b.worker_pids()
-            wait_until(lambda: in_flight_of(conn, b_workers) > 0 or (feed(0.2) or False), 20,
-                       "host b holding claims")
+            wait_for_claims(conn, b_workers, "b", feed)
             for pid in tree:
                 os.kill(pid, signal.SIGSTOP)
             began = time.monotonic()
