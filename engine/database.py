@@ -77,7 +77,10 @@ def open_database(settings: Settings, *, announce: bool = True) -> Database:
 # process: the server ends the session itself, its transaction rolls back, and the rows
 # are claimable again at once (instead of after the lease, or never while it holds them).
 # A transaction of ours is open only while a statement runs or between the statements of
-# one pipelined claim, so the two bounds together bound every transaction.
+# one pipelined claim. The two bounds cover all of that but one state: a worker frozen
+# between the sends of its pipelined claim leaves the session `active`, waiting for the
+# client, which neither timeout ends before PostgreSQL 17; the maintenance leader ends
+# those sessions after the same bound (engine/sql/end_stalled_claims.sql).
 IDLE_IN_TRANSACTION_TIMEOUT_MS = 5_000
 # Generous: the statements are milliseconds when healthy; this is for a claim that waits
 # on a lock or a plan gone wrong, which must fail (and be retried) rather than hold

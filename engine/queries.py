@@ -60,6 +60,7 @@ STATUS_SETTINGS = _load("status_settings")
 PG_STAT_STATEMENTS_INSTALLED = _load("pg_stat_statements_installed")
 BREAKER_DEFER = _load("breaker_defer")
 AUTO_DISABLE = _load("auto_disable")
+END_STALLED_CLAIMS = _load("end_stalled_claims")
 DEMO_DESTINATIONS = _load("demo_destinations")
 DEMO_ATTEMPTS = _load("demo_attempts")
 # The console's reads (engine/ingress/console_store.py).

@@ -82,6 +82,10 @@ class BreakerDeferParams(NamedTuple):
     batch_limit: int
 
 
+class EndStalledClaimsParams(NamedTuple):
+    stalled_after_ms: int
+
+
 class AutoDisableParams(NamedTuple):
     disable_after_seconds: float
 
@@ -203,6 +207,7 @@ STATEMENT_PARAMETERS: dict[str, type[tuple]] = {
     "retention_events": RetentionBatchParams,
     "breaker_defer": BreakerDeferParams,
     "auto_disable": AutoDisableParams,
+    "end_stalled_claims": EndStalledClaimsParams,
     "retention_minutes": RetentionMinutesParams,
     "migrations_record": MigrationsRecordParams,
     "demo_attempts": DemoAttemptsParams,

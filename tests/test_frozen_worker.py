@@ -1,12 +1,17 @@
-"""A worker frozen (SIGSTOP) inside its claim transaction: the server ends that
-transaction within a short bound, the other worker delivers the work meanwhile, and the
-resumed worker reconnects and goes on without sending anything twice.
+"""A worker frozen (SIGSTOP) inside its claim transaction: that transaction ends within a
+short bound, the other worker delivers the work meanwhile, and the resumed worker
+reconnects and goes on without sending anything twice.
 
-Deterministic: the test holds an exclusive lock on `destinations` while it enqueues, so
-every worker's next claim waits inside its transaction, on the lock (pg_stat_activity
-shows it); the test stops one of them there, then lets the lock go. The stopped worker's
-first statement completes, and its session sits `idle in transaction` with nobody to
-send the next one, which is the state the issue saw for 96 s."""
+Deterministic up to one point: the test holds an exclusive lock on `destinations` while
+it enqueues, so every worker's next claim waits inside its transaction, on the lock
+(pg_stat_activity shows it); the test stops one of them there, then lets the lock go. The
+stopped worker's statement completes, and its session waits for a client that sends
+nothing more, which is the state the issue saw for 96 s. Which of two states that is
+depends on where in its pipelined claim the worker stopped: `idle in transaction` when
+its Sync had gone out (the server's idle_in_transaction_session_timeout ends it), or
+`active`, waiting on ClientRead, when it stopped between two sends (the maintenance
+leader ends it: engine/sql/end_stalled_claims.sql). Both are bounded alike; the second
+is also shown alone, exactly, in tests/test_stalled_claims.py."""
 
 from __future__ import annotations
 
@@ -64,7 +69,8 @@ def test_worker_frozen_in_its_claim_transaction(
 
                 def claim_left_open() -> bool:
                     seen.append(claim_session(conn, frozen))
-                    return seen[-1] is not None and seen[-1][0] == "idle in transaction"
+                    return seen[-1] is not None and (
+                        seen[-1][0] == "idle in transaction" or seen[-1] == ("active", "Client"))
 
                 # A guard, not a timing bound: the first statement has only to finish.
                 try:
@@ -72,9 +78,10 @@ def test_worker_frozen_in_its_claim_transaction(
                 except AssertionError as error:
                     raise AssertionError(f"{error}; its session was {set(seen)}") from None
                 left_open = time.monotonic()
-                # Nobody is left to end it but the server.
+                left_state = seen[-1]
+                # Nobody is left to end it but the server or the maintenance leader.
                 wait_until(lambda: claim_session(conn, frozen) is None,
-                           IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 + 10, "the server ending it")
+                           IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 + 10, "its end")
                 closed_after = time.monotonic() - left_open
                 wait_until(lambda: delivered(conn) == EVENTS, 60, "the other worker's work")
             finally:
@@ -89,6 +96,7 @@ def test_worker_frozen_in_its_claim_transaction(
         assert engine.worker_pids() == [frozen, other]
         assert not engine.events("child_exited")
     assert sorted(server.healthy_ids.values()) == [1] * (2 * EVENTS)  # no duplicate
-    assert closed_after <= IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 + 2, closed_after
-    print(f"frozen claim transaction ended by the server {closed_after:.1f} s after it"
+    # The leader looks once a second (engine/maintenance/stalled_claims.py).
+    assert closed_after <= IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 + 3, (closed_after, left_state)
+    print(f"frozen claim transaction {left_state} ended {closed_after:.1f} s after it"
           f" was left open")

@@ -14,7 +14,14 @@ from typing import Any
 import psycopg
 
 from engine.config import Settings
-from engine.maintenance import auto_disable, breaker_defer, fold_minutes, reaper, retention
+from engine.maintenance import (
+    auto_disable,
+    breaker_defer,
+    fold_minutes,
+    reaper,
+    retention,
+    stalled_claims,
+)
 from engine.maintenance.leader import Leadership
 from engine.oplog import Outage, log_event
 
@@ -36,8 +43,11 @@ def _jobs(settings: Settings, leadership: Leadership) -> list[Job]:
     deferring = breaker_defer.BreakerDeferSettings()
     retaining = retention.RetentionSettings(settings.retention_days)
     folding = fold_minutes.FoldMinutesSettings()
+    unstalling = stalled_claims.StalledClaimsSettings()
     return [
         Job("reaper", reaping.interval_s, partial(reaper.run_once, settings=reaping)),
+        Job("stalled_claims", unstalling.interval_s,
+            partial(stalled_claims.run_once, settings=unstalling)),
         Job("auto_disable", disabling.interval_s,
             partial(auto_disable.run_once, settings=disabling)),
         Job("breaker_defer", deferring.interval_s, partial(
