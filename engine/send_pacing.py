@@ -26,13 +26,17 @@ class SendSchedule:
     `send(claim, since)` gets each when it is due; `since` is passed through (when the
     worker took the claim)."""
 
-    __slots__ = ("_order", "_send", "_timer", "_waiting")
+    __slots__ = ("_order", "_send", "_timer", "_timer_due", "_waiting")
 
     def __init__(self, send: Callable[[Claim, float], None]) -> None:
         self._send = send
         self._waiting: list[tuple[float, int, Claim, float]] = []  # (due, order, claim, since)
         self._order = itertools.count()  # ties in due time go in the order held
-        self._timer: asyncio.TimerHandle | None = None
+        # The timer and its due time, kept here: uvloop's call_at returns a plain Handle,
+        # with no when(), for a time less than half a millisecond ahead (or past), which
+        # _send_due reaches when its sends took a while (engine/worker/recorder.py).
+        self._timer: asyncio.Handle | None = None
+        self._timer_due = 0.0
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -43,10 +47,11 @@ class SendSchedule:
         due = loop.time() + claim.send_delay_s
         heapq.heappush(self._waiting, (due, next(self._order), claim, since))
         timer = self._timer
-        if timer is None or due < timer.when():
+        if timer is None or due < self._timer_due:
             if timer is not None:
                 timer.cancel()
             self._timer = loop.call_at(due, self._send_due)
+            self._timer_due = due
 
     def take_all(self) -> list[Claim]:
         """Every claim still waiting (a draining worker releases them unsent)."""
@@ -66,4 +71,5 @@ class SendSchedule:
             _, _, claim, since = heapq.heappop(waiting)
             self._send(claim, since)
         if waiting:
-            self._timer = loop.call_at(waiting[0][0], self._send_due)
+            self._timer_due = waiting[0][0]
+            self._timer = loop.call_at(self._timer_due, self._send_due)

@@ -4,6 +4,7 @@ order, none before its time, and a drain takes back what is still waiting."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import uvloop
 
@@ -64,3 +65,39 @@ def test_a_drain_takes_back_what_waits() -> None:
         return sent, taken, len(schedule)
 
     assert uvloop.run(main()) == ([1], [2], 0)
+
+
+def test_a_slow_send_that_passes_the_next_send_time_breaks_nothing() -> None:
+    """A send that takes longer than the gap to the next claim's send time (a loaded
+    machine) leaves that time in the past when the timer is set again, and uvloop's
+    call_at then returns a plain Handle, with no when(). A claim held after that must
+    still be scheduled, and every claim sent, in order (2026-12-02: it raised)."""
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        past = loop.call_at(loop.time() - 0.001, lambda: None)
+        assert not hasattr(past, "when")  # the premise: uvloop's handle for a past time
+        past.cancel()
+        sent: list[int] = []
+        everything = loop.create_future()
+        schedule: SendSchedule
+        errors: list[dict[str, object]] = []  # what callbacks raised
+        loop.set_exception_handler(lambda _, context: errors.append(context))
+
+        def send(held: Claim, _: float) -> None:
+            sent.append(held.id)
+            if held.id == 1:
+                time.sleep(0.06)  # claim 2 falls due meanwhile
+                # Held once this send is over and the timer set again for claim 2.
+                loop.call_soon(schedule.hold, claim(3, 0.03), 0.0)
+            if len(sent) == 3:
+                everything.set_result(None)
+
+        schedule = SendSchedule(send)
+        schedule.hold(claim(1, 0.01), since=0.0)
+        schedule.hold(claim(2, 0.03), since=0.0)
+        await asyncio.wait_for(everything, 5)
+        assert not errors, errors
+        return sent
+
+    assert uvloop.run(main()) == [1, 2, 3]

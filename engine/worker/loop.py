@@ -348,8 +348,12 @@ class DeliveryWorker:
             else:
                 self.policy.no_answer(claim.destination_id, response.duration_ms / 1000)
             result = outcome.response_result(claim, response, self.settings.retry_schedule)
-        self.recorder.add(result, returns_slot=claim.fills_cap)
-        self._finished(slots, claim.destination_id)
+        try:
+            self.recorder.add(result, returns_slot=claim.fills_cap)
+        finally:
+            # Whatever went wrong above, the slot is free: a fault here must not shrink
+            # the worker's capacity for good (the http client logs it as a fault).
+            self._finished(slots, claim.destination_id)
 
     def _finished(self, slots: DestinationSlots, destination_id: int) -> None:
         slots.active -= 1

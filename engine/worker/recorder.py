@@ -51,7 +51,13 @@ class ResultRecorder:
         self.results: list[Result] = []
         self.flushing = 0  # results of the batch being written
         self.flush_wanted = asyncio.Event()
-        self.flush_timer: asyncio.TimerHandle | None = None  # the pending flush, if any
+        # The pending flush, if any, and when it is due. The due time is kept here, not
+        # read back with TimerHandle.when(): uvloop's call_at returns a plain Handle
+        # (no when()) for a time less than half a millisecond ahead, which a worker
+        # preempted between computing the time and scheduling it reaches (a loaded
+        # machine, 2026-12-02: every later result then raised, and its slots leaked).
+        self.flush_timer: asyncio.Handle | None = None
+        self.flush_due = 0.0
         self.slot_results = 0  # results waiting that give a capped destination's slot back
         self.closing = False
 
@@ -73,10 +79,11 @@ class ResultRecorder:
             self.slot_results += 1
         due = self.loop.time() + (SLOT_FLUSH_INTERVAL_S if returns_slot else FLUSH_INTERVAL_S)
         timer = self.flush_timer
-        if timer is None or due < timer.when():
+        if timer is None or due < self.flush_due:
             if timer is not None:
                 timer.cancel()
             self.flush_timer = self.loop.call_at(due, self.flush_wanted.set)
+            self.flush_due = due
 
     def close(self) -> None:
         """Record what is left and end `run` (the worker is draining)."""
