@@ -51,18 +51,28 @@ class Engine:
         if exc is not None:  # pytest shows captured output next to the failure
             print(f"--- engine log ({self.log_path}) ---\n{self.log_path.read_text()}")
         proc = self.proc
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        children = psutil.Process(proc.pid).children(recursive=True)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        for child in children:  # only if the supervisor itself failed to end them
-            if child.is_running():
-                child.kill()
+        if proc.poll() is None:
+            children = psutil.Process(proc.pid).children(recursive=True)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            for child in children:  # only if the supervisor itself failed to end them
+                if child.is_running():
+                    child.kill()
+        if exc is None:
+            self.assert_no_callback_raised()
+
+    def assert_no_callback_raised(self) -> None:
+        """The engine survives an exception in its own HTTP result callback (it logs one
+        `http_client_fault` and counts the rest), but it is always a bug: in a test it
+        fails the test. One such hid for long: a result that raised leaked its slot."""
+        raised = [r for r in self.events("http_client_fault") if r.get("kind") == "on_done"]
+        assert not raised, f"the engine's result callback raised: {raised}"
 
     @property
     def pid(self) -> int:
