@@ -23,7 +23,7 @@
 -- one that waited longer than the bound and is looked at in the instant before its next
 -- message arrives is ended too: it rolls back and the worker claims again, nothing lost.
 -- Only our own role's sessions: pg_terminate_backend refuses others' (and says so with an
--- error) unless granted pg_signal_backend.
+-- error) unless granted pg_signal_backend. The alternatives weighed: docs/decisions/0014.
 SELECT pid, pg_terminate_backend(pid)
   FROM pg_stat_activity
  WHERE datname = current_database()
