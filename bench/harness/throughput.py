@@ -23,7 +23,9 @@ from bench.harness.report import Report, figure, figure_rows
 from engine.testing.fakedest import FakeDestination
 
 QUICK_STEPS = (250, 500, 1000)
-FULL_STEPS = (500, 1000, 2000, 4000)
+# The lowest step is where this 2-core VM meets the 10 ms accept bound (2026-12-02: accept
+# p99 9 ms at 250/s, 13 ms at 500/s), so the full run can name a sustainable rate here.
+FULL_STEPS = (250, 500, 1000, 2000, 4000)
 QUICK_STEP_S = 14
 FULL_STEP_S = 30
 ACCEPT_P99_LIMIT_MS = 10.0
