@@ -4,7 +4,7 @@ transaction; none of them holds a connection while anything but the database wor
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -30,6 +30,7 @@ from engine.sql_params import (
     EnqueueEventsParams,
     LockCappedDestinationsParams,
     RecordResultsParams,
+    RefillSlotsParams,
     ReplayDeadParams,
     ReplayDeliveryParams,
     ReturnClaimsParams,
@@ -47,6 +48,11 @@ BREAKER_LOCK_CLASS = 0x656E68
 # One key space for both: a result write takes one lock per destination for its breaker
 # and its slot counter together.
 CAPPED_CLAIM_LOCK_CLASS = BREAKER_LOCK_CLASS
+# Capped destinations one claim locks at most (lock_capped_destinations.sql): each lock is
+# held until the claim commits, and other claimers and result writes of those destinations
+# wait for it. A claim that locked this many may have left others with room and due work:
+# the claim loop claims again at once instead of waiting for a notification.
+CAPPED_LOCKS_PER_CLAIM = 32
 RETURN_BATCH = 1000
 REPLAY_BATCH = 500
 
@@ -113,13 +119,16 @@ def rate_token_params(limit: int, skip_destinations: Sequence[int] = ()) -> tupl
 
 def lock_capped_params() -> tuple[object, ...]:
     """Parameters of lock_capped_destinations.sql."""
-    return LockCappedDestinationsParams(advisory_lock_class=CAPPED_CLAIM_LOCK_CLASS)
+    return LockCappedDestinationsParams(advisory_lock_class=CAPPED_CLAIM_LOCK_CLASS,
+                                        limit=CAPPED_LOCKS_PER_CLAIM)
 
 
 def record_params(
-    worker: str, results: Sequence[Result], breaker: BreakerSettings | None = None
+    worker: str, results: Sequence[Result], breaker: BreakerSettings | None = None,
+    refilled: Sequence[int] = (),
 ) -> tuple[object, ...]:
-    """Parameters of record_results.sql: the whole batch as one JSON document."""
+    """Parameters of record_results.sql: the whole batch as one JSON document;
+    `refilled`: the destinations refill_slots.sql refills after it."""
     breaker = breaker or BreakerSettings()
     for r in results:
         if r.outcome not in OUTCOMES:
@@ -132,7 +141,14 @@ def record_params(
         breaker_max_pause_ms=breaker.max_pause_ms,
         advisory_lock_class=BREAKER_LOCK_CLASS,
         notification_channel=queries.NOTIFY_CHANNEL,
+        refilled_destination_ids=list(refilled),
     )
+
+
+def refill_params(worker: str, lease_ms: int, refill: Mapping[int, int]) -> tuple[object, ...]:
+    """Parameters of refill_slots.sql; `refill`: destination id -> slots it may take."""
+    return RefillSlotsParams(worker_id=worker, lease_ms=lease_ms,
+                             destination_ids=list(refill), slots=list(refill.values()))
 
 
 def return_params(
@@ -181,6 +197,21 @@ def record_results(
     with conn.transaction():
         row = run_statement(conn, queries.RECORD_RESULTS, params).fetchone()
     return int(row[0]) if row else 0
+
+
+def record_results_and_refill(
+    conn: Connection, worker: str, results: Sequence[Result], lease_ms: int,
+    refill: Mapping[int, int], breaker: BreakerSettings | None = None,
+) -> list[Claim]:
+    """record_results, then in the same transaction claim for `worker` the next due
+    deliveries of capped destinations whose slots the batch gave back (`refill`:
+    destination id -> at most this many; refill_slots.sql says which are refilled)."""
+    with conn.transaction():
+        run_statement(conn, queries.RECORD_RESULTS,
+                      record_params(worker, results, breaker, list(refill)))
+        rows = run_statement(conn, queries.REFILL_SLOTS,
+                             refill_params(worker, lease_ms, refill)).fetchall()
+    return claims_from_rows(rows, ())
 
 
 def release_claims(conn: Connection, worker: str, max_attempts: int) -> int:

@@ -6,7 +6,8 @@ so the two cannot drift apart.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from psycopg import AsyncConnection
 
@@ -14,18 +15,27 @@ from engine import queries
 from engine.database import run_statement_async
 from engine.domain import BreakerSettings, Claim, Result
 from engine.queue import (
+    CAPPED_LOCKS_PER_CLAIM,
     claim_params,
     claims_from_rows,
     lock_capped_params,
     rate_token_params,
     record_params,
+    refill_params,
 )
+
+
+class ClaimedBatch(NamedTuple):
+    claims: list[Claim]
+    # The claim locked CAPPED_LOCKS_PER_CLAIM capped destinations, its most: others may
+    # have room and due work too.
+    capped_locks_full: bool
 
 
 async def claim_batch(
     conn: AsyncConnection, worker: str, limit: int, lease_ms: int, first_attempt_reserve: int = 0,
     skip_destinations: Sequence[int] = (),
-) -> list[Claim]:
+) -> ClaimedBatch:
     """Claim up to `limit` due deliveries for `worker`, none of `skip_destinations`;
     commits before returning.
 
@@ -48,7 +58,8 @@ async def claim_batch(
             worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations, tokens
         )
         claimed = await run_statement_async(conn, queries.CLAIM_BATCH, params)
-    return claims_from_rows(await claimed.fetchall(), tokens)
+    return ClaimedBatch(claims_from_rows(await claimed.fetchall(), tokens),
+                        len(capped) >= CAPPED_LOCKS_PER_CLAIM)
 
 
 async def record_results(
@@ -63,3 +74,17 @@ async def record_results(
     params = record_params(worker, results, breaker)
     row = await (await run_statement_async(conn, queries.RECORD_RESULTS, params)).fetchone()
     return int(row[0]) if row else 0
+
+
+async def record_results_and_refill(
+    conn: AsyncConnection, worker: str, results: Sequence[Result], lease_ms: int,
+    refill: Mapping[int, int], breaker: BreakerSettings | None = None,
+) -> list[Claim]:
+    """queue.record_results_and_refill on an async connection. Pipelined: BEGIN, the two
+    statements and COMMIT go out together, one round trip as record_results alone."""
+    async with conn.pipeline(), conn.transaction():
+        await run_statement_async(conn, queries.RECORD_RESULTS,
+                                  record_params(worker, results, breaker, list(refill)))
+        refilled = await run_statement_async(conn, queries.REFILL_SLOTS,
+                                             refill_params(worker, lease_ms, refill))
+    return claims_from_rows(await refilled.fetchall(), ())

@@ -30,6 +30,7 @@ class TakeRateTokensParams(NamedTuple):
 
 class LockCappedDestinationsParams(NamedTuple):
     advisory_lock_class: int
+    limit: int
 
 
 class RecordResultsParams(NamedTuple):
@@ -40,6 +41,14 @@ class RecordResultsParams(NamedTuple):
     breaker_max_pause_ms: int
     advisory_lock_class: int
     notification_channel: str
+    refilled_destination_ids: list[int]  # refilled in the same transaction: no wake-up
+
+
+class RefillSlotsParams(NamedTuple):
+    worker_id: str
+    lease_ms: int
+    destination_ids: list[int]  # capped destinations whose slots the batch gave back
+    slots: list[int]  # at most this many for each
 
 
 class ReturnClaimsParams(NamedTuple):

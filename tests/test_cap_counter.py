@@ -1,6 +1,7 @@
 """max_in_flight with several concurrent claimers: the cap is never exceeded, and each
 capped destination's slot counter equals the number of its in-flight deliveries holding a
-slot after every step, whatever mix of claims, results, releases and reaps runs at once.
+slot after every step, whatever mix of claims, results, releases, reaps and slot refills
+(a result write that claims the freed slots again, refill_slots.sql) runs at once.
 
 Each claimer is a thread with its own connection, like a worker process; after each of its
 steps it checks the invariants in one statement (one snapshot: a claim or result changes
@@ -67,6 +68,7 @@ class Plan:
     seeds: tuple[int, ...]  # one claimer each
     max_limit: int
     weights: tuple[int, ...]  # of OUTCOMES
+    refills: tuple[bool, ...]  # per claimer: its result writes refill the slots they free
 
 
 @st.composite
@@ -82,17 +84,25 @@ def plans(draw: st.DrawFn) -> Plan:
         max_limit=draw(st.integers(1, 20)),
         weights=(draw(st.integers(1, 10)), draw(st.integers(0, 5)), draw(st.integers(0, 2)),
                  draw(st.integers(0, 3)), draw(st.integers(0, 2))),
+        refills=tuple(draw(st.lists(st.booleans(), min_size=claimers, max_size=claimers))),
     )
 
 
-def claimer(dsn: str, name: str, plan: Plan, seed: int, found: list[str],
+def claimer(dsn: str, name: str, plan: Plan, seed: int, refills: bool, found: list[str],
             done: threading.Event) -> None:
-    """Claim, then answer each claim by the plan's outcome mix, until nothing is left."""
+    """Claim, then answer each claim by the plan's outcome mix, until nothing is left;
+    with `refills`, as a worker does with capped destinations: each success asks the
+    result write to claim its slot again, and what that refills is answered next."""
     rng = random.Random(seed)
+    refilled: list[queue.Claim] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         started = time.monotonic()
         while time.monotonic() - started < DEADLINE_S:
-            claims = queue.claim_batch(conn, name, rng.randint(1, plan.max_limit), LEASE_MS)
+            if refilled:
+                claims, refilled = refilled, []
+            else:
+                claims = queue.claim_batch(conn, name, rng.randint(1, plan.max_limit),
+                                           LEASE_MS)
             found += violations(conn)
             if not claims:
                 if done.is_set() or not conn.execute("SELECT 1 FROM deliveries LIMIT 1"
@@ -102,6 +112,7 @@ def claimer(dsn: str, name: str, plan: Plan, seed: int, found: list[str],
                 continue
             t = now(conn)
             results, reaped = [], []
+            wanted: dict[int, int] = {}  # destination -> successes, for the refill
             for claim in claims:
                 outcome = rng.choices(OUTCOMES, plan.weights)[0]
                 if outcome == "retry" and claim.attempt >= MAX_ATTEMPTS:
@@ -111,7 +122,13 @@ def claimer(dsn: str, name: str, plan: Plan, seed: int, found: list[str],
                     continue
                 results.append(Result(claim.id, claim.attempt, outcome, t, 1, 500, "x", None,
                                       t if outcome == "retry" else None))
-            queue.record_results(conn, name, results, NO_BREAKER)
+                if outcome == "delivered" and claim.max_in_flight is not None:
+                    wanted[claim.destination_id] = wanted.get(claim.destination_id, 0) + 1
+            if refills:
+                refilled = queue.record_results_and_refill(conn, name, results, LEASE_MS,
+                                                           wanted, NO_BREAKER)
+            else:
+                queue.record_results(conn, name, results, NO_BREAKER)
             found += violations(conn)
             if reaped:
                 # A lost host: its leases run out and the reaper returns them.
@@ -139,8 +156,9 @@ def run_plan(dsn: str, conn: psycopg.Connection, plan: Plan) -> list[str]:
                                     for _ in range(plan.events)])
     found: list[str] = []
     done = threading.Event()
-    threads = [threading.Thread(target=claimer, args=(dsn, f"w{n}", plan, seed, found, done))
-               for n, seed in enumerate(plan.seeds)]
+    threads = [threading.Thread(target=claimer,
+                                args=(dsn, f"w{n}", plan, seed, refills, found, done))
+               for n, (seed, refills) in enumerate(zip(plan.seeds, plan.refills, strict=True))]
     watcher = threading.Thread(target=watch, args=(dsn, found, done))
     for thread in [*threads, watcher]:
         thread.start()

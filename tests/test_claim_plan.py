@@ -20,6 +20,7 @@ import pytest
 from psycopg import sql
 
 from engine import queries, queue
+from engine.database import run_statement
 from tests.kit.dbserver import DatabaseFactory
 
 pytestmark = pytest.mark.pg_versions
@@ -258,6 +259,38 @@ def test_a_capped_claim_reads_only_the_room_under_its_cap(
     scans = index_scans(capped, "deliveries_destination_idx")
     assert scans and all(s["Node Type"] == "Index Scan" for s in scans), scans
     assert max(s["Actual Rows"] for s in scans) <= 10, "read past the room under the cap"
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_a_slot_refill_reads_only_the_slots_it_refills(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    """The refill of a capped destination with a deep backlog reads its due deliveries in
+    order and stops at the slots given back, as the capped claim does."""
+    tx.execute("UPDATE destinations SET max_in_flight = 5 WHERE id = 1")
+    add_burst(tx)  # destination 1 now has 2,100 due deliveries
+    tx.execute("ANALYZE deliveries")
+    mine = [c for c in queue.claim_batch(tx, "plan-test", 50, LEASE_MS)
+            if c.destination_id == 1]
+    assert len(mine) == 5
+    started = tx.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    results = [queue.Result(c.id, c.attempt, "delivered", started, 3, 200, None, None, None,
+                            c.claim_token) for c in mine]
+    # In the top-level transaction, not a savepoint: refill_slots.sql refills only the
+    # destinations whose rows this transaction wrote.
+    run_statement(tx, queries.RECORD_RESULTS, queue.record_params("plan-test", results,
+                                                                  None, [1]))
+    params = list(queue.refill_params("plan-test", LEASE_MS, {1: 5}))
+    explained = explain(tx, mode, queries.REFILL_SLOTS, "text, int, bigint[], int[]", params)
+    report(record_property, "refill_slots", mode, explained)
+    assert cte(explained, "claimed")["Actual Rows"] == 5
+    plan = explained["Plan"]
+    assert not [n for n in nodes(plan) if n["Node Type"] == "Sort"], "sorted the backlog"
+    scans = index_scans(plan, "deliveries_destination_idx")
+    assert scans and all(s["Node Type"] == "Index Scan" for s in scans), scans
+    assert max(s["Actual Rows"] for s in scans) <= 10, "read past the slots refilled"
+    touched = seq_scanned(plan)
+    assert not touched & ({"deliveries"} | HISTORY_TABLES), touched
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)

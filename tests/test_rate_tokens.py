@@ -96,7 +96,7 @@ def test_concurrent_pipelined_claimers_share_one_schedule(
     async def claimer(name: str) -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as own:
             while time.monotonic() - started < SECONDS:
-                claims.extend(await queue_async.claim_batch(own, name, 100, 60_000))
+                claims.extend((await queue_async.claim_batch(own, name, 100, 60_000)).claims)
 
     async def main() -> None:
         await asyncio.gather(*(claimer(f"w:{i}") for i in range(3)))

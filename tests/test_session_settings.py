@@ -92,10 +92,12 @@ def hot_statements(data: dict[str, Any]) -> list[tuple[str, bytes, Sequence[obje
     cutoff = started + dt.timedelta(days=1)
     return [
         ("lock_capped_destinations", queries.LOCK_CAPPED_DESTINATIONS,
-         (queue.CAPPED_CLAIM_LOCK_CLASS,)),
+         queue.lock_capped_params()),
         ("claim_batch", queries.CLAIM_BATCH,
          queue.claim_params("jit-test-2", 50, LEASE_MS, 12, data["destinations"][1::2])),
         ("record_results", queries.RECORD_RESULTS, queue.record_params("jit-test", results)),
+        ("refill_slots", queries.REFILL_SLOTS,
+         queue.refill_params("jit-test", LEASE_MS, dict.fromkeys(data["destinations"][1::2], 2))),
         ("release_claims", queries.RETURN_CLAIMS,
          queue.return_params("jit-test", False, "worker exited", MAX_ATTEMPTS)),
         ("reap_expired", queries.RETURN_CLAIMS,

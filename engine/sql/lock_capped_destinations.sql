@@ -3,6 +3,8 @@
 -- and (by the counter) room below the cap, and returns their ids.
 --   $1 advisory lock class int (the key space of "changing this destination's slot count
 --      or breaker", shared with record_results.sql and return_claims.sql)
+--   $2 most destinations locked int: a claim that locked this many claims again at once
+--      (engine.queue.CAPPED_LOCKS_PER_CLAIM says why a bound)
 --
 -- How the cap stays exact across processes and hosts: destinations.in_flight counts the
 -- slots taken (schema/006_capped_slot_counter.sql). Everything that changes it holds this
@@ -35,7 +37,7 @@ WITH candidates AS MATERIALIZED (
                     WHERE d.destination_id = dest.id AND d.status = 'pending'
                       AND d.next_attempt_at <= now())
      ORDER BY random()
-     LIMIT 32
+     LIMIT $2
 )
 SELECT id, pg_advisory_xact_lock($1, (id % 2147483648)::int)
   FROM (SELECT id FROM candidates ORDER BY id OFFSET 0) in_lock_order

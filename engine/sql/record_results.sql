@@ -8,6 +8,8 @@
 --   $3 breaker threshold int, $4 breaker base pause ms int, $5 breaker max pause ms int
 --   $6 advisory lock class int (the key space of "updating this destination's breaker")
 --   $7 notification channel text: the one idle workers LISTEN on (engine.queries)
+--   $8 destination ids bigint[] whose freed slots this transaction claims again itself
+--      (refill_slots.sql, the next statement): nobody is woken for them
 -- Returns the results applied, the breakers opened, the claimers woken and the
 -- operational events enqueued. The attempts also go to the console's per-minute rollup
 -- (`minutes`, schema/011).
@@ -289,7 +291,9 @@ SELECT (SELECT count(*) FROM applied) + (SELECT count(*) FROM requeued
        -- came back short wait for a notification (or their poll), so tell them its slots
        -- are free again, as ingress does for new deliveries. Without it a binding cap
        -- was refilled once per poll interval. (Notifications of one transaction with the
-       -- same payload are delivered once.)
-       (SELECT count(*) FROM (SELECT pg_notify($7, '') FROM breaker WHERE was_full) n)
+       -- same payload are delivered once.) Not for those the caller refills ($8): their
+       -- slots are taken again before this transaction commits.
+       (SELECT count(*) FROM (SELECT pg_notify($7, '') FROM breaker
+                               WHERE was_full AND id <> ALL ($8::bigint[])) n)
            AS claimers_woken,
        (SELECT count(event_id) FROM operational_enqueued) AS operational_events

@@ -79,7 +79,8 @@ class DeliveryWorker:
             settings.breaker_max_pause_ms,
         )
         self.recorder = ResultRecorder(
-            self.worker, breaker, partial(self._connect, listen=False), self.outage,
+            self.worker, breaker, settings.lease_ms, partial(self._connect, listen=False),
+            self.outage,
             self._give_up_after_drain_deadline, self._recorded,
         )
 
@@ -187,7 +188,7 @@ class DeliveryWorker:
             answered_before = self.answered
             left_out = policy.left_out(self.destinations, time.monotonic())
             try:
-                claims = await queue_async.claim_batch(
+                claims, capped_locks_full = await queue_async.claim_batch(
                     self.claim_conn, self.worker, limit, settings.lease_ms, reserve, left_out
                 )
             except (psycopg.OperationalError, IdleInTransactionSessionTimeout) as exc:
@@ -200,6 +201,10 @@ class DeliveryWorker:
             took = time.perf_counter() - started
             maybe_more = policy.claimed(left_out, limit, claims,
                                         self.answered - answered_before, time.monotonic())
+            # Capped destinations beyond those this claim could lock may have room too
+            # (queue.CAPPED_LOCKS_PER_CLAIM). Not after an empty claim: the ones it locked
+            # may be left out, and it would only lock them again.
+            maybe_more = maybe_more or (capped_locks_full and bool(claims))
             self.metrics.claim_seconds.observe(took)
             self.metrics.claim_batch_size.observe(len(claims))
             if self.stopping or self._claim_outlived_lease(took):
@@ -348,8 +353,15 @@ class DeliveryWorker:
             else:
                 self.policy.no_answer(claim.destination_id, response.duration_ms / 1000)
             result = outcome.response_result(claim, response, self.settings.retry_schedule)
+        # A success that gives back a slot of a cap it filled: the write claims the next
+        # delivery for that slot (recorder.py). Not for a failure: the breaker decides
+        # what a failing destination gets, through the claim. Not for one whose answers
+        # are slow: the claim policy keeps those to their share.
+        refill = (claim.destination_id if claim.fills_cap and result.outcome == "delivered"
+                  and not self.stopping and claim.destination_id not in self.policy.slow
+                  else None)
         try:
-            self.recorder.add(result, returns_slot=claim.fills_cap)
+            self.recorder.add(result, returns_slot=claim.fills_cap, refill_destination=refill)
         finally:
             # Whatever went wrong above, the slot is free: a fault here must not shrink
             # the worker's capacity for good (the http client logs it as a fault).
@@ -391,9 +403,18 @@ class DeliveryWorker:
 
     # Recording
 
-    def _recorded(self, batch: list[Result], returned_slots: bool) -> None:
-        """A batch is in the database: wake the claim loop (and tell it whether slots of
-        capped destinations came back), note when retries fall due, count."""
+    def _recorded(self, batch: list[Result], returned_slots: bool, refilled: list[Claim],
+                  took_s: float) -> None:
+        """A batch is in the database: send the claims that refilled its slots, wake the
+        claim loop (and tell it whether slots of capped destinations came back), note
+        when retries fall due, count."""
+        if refilled:
+            if self.stopping or self._claim_outlived_lease(took_s):
+                for claim in refilled:
+                    self.held += 1
+                    self._release(claim)
+            else:
+                self._dispatch(refilled)
         self.slots_returned = self.slots_returned or returned_slots
         self.policy.retries_recorded(batch)
         count_results(self.metrics, batch)

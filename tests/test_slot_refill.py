@@ -1,0 +1,141 @@
+"""refill_slots.sql: a result write that claims the capped slots its successes gave back,
+for the same worker, in the same transaction (queue.record_results_and_refill)."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from engine import queries, queue
+from engine.maintenance.reaper import reap_expired
+from engine.queue import EventIn, Result
+from tests.kit.data import LEASE_MS, add_destination, now
+
+pytestmark = pytest.mark.pg_versions
+
+MAX_ATTEMPTS = 4
+
+
+def slot_counter(conn: psycopg.Connection, destination: int) -> int:
+    row = conn.execute("SELECT in_flight FROM destinations WHERE id = %s",
+                       (destination,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def holding(conn: psycopg.Connection, destination: int, worker: str) -> list[int]:
+    """The ids of `worker`'s in-flight deliveries to `destination` that hold a slot."""
+    return [r[0] for r in conn.execute(
+        "SELECT id FROM deliveries WHERE destination_id = %s AND status = 'in_flight'"
+        " AND holds_slot AND locked_by = %s ORDER BY id", (destination, worker)).fetchall()]
+
+
+def capped_backlog(conn: psycopg.Connection, cap: int, events: int) -> int:
+    destination = add_destination(conn, max_in_flight=cap)
+    with conn.transaction():
+        queue.enqueue_events(conn, [EventIn("t", f'{{"n": {n}}}', [destination])
+                                    for n in range(events)])
+    return destination
+
+
+def delivered(conn: psycopg.Connection, claims: list[queue.Claim]) -> list[Result]:
+    t = now(conn)
+    return [Result(c.id, c.attempt, "delivered", t, 3, 200, None, None, None, c.claim_token)
+            for c in claims]
+
+
+def test_successes_take_their_slots_again_with_the_next_due_deliveries(
+    conn: psycopg.Connection,
+) -> None:
+    destination = capped_backlog(conn, cap=3, events=8)
+    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    assert len(first) == 3 and all(c.fills_cap for c in first)
+    refilled = queue.record_results_and_refill(
+        conn, "w", delivered(conn, first[:2]), LEASE_MS, {destination: 2})
+    # The two oldest pending deliveries, for the same worker, each holding a slot.
+    pending_before = sorted(c.id for c in first)[-1]
+    assert [c.id for c in refilled] == [pending_before + 1, pending_before + 2]
+    assert all(c.fills_cap and c.claim_token for c in refilled)
+    assert holding(conn, destination, "w") == sorted([first[2].id, *(c.id for c in refilled)])
+    assert slot_counter(conn, destination) == 3
+    # The claim has no room left: the refill kept the slots to this worker.
+    assert queue.claim_batch(conn, "other", 100, LEASE_MS) == []
+
+
+def test_a_refill_never_takes_more_than_the_cap_leaves(conn: psycopg.Connection) -> None:
+    """Asked for more slots than the batch freed (or the cap lowered meanwhile), the
+    refill takes only the room under the cap."""
+    destination = capped_backlog(conn, cap=3, events=8)
+    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    refilled = queue.record_results_and_refill(
+        conn, "w", delivered(conn, first[:1]), LEASE_MS, {destination: 5})
+    assert len(refilled) == 1 and slot_counter(conn, destination) == 3
+    conn.execute("UPDATE destinations SET max_in_flight = 1 WHERE id = %s", (destination,))
+    refilled = queue.record_results_and_refill(
+        conn, "w", delivered(conn, refilled), LEASE_MS, {destination: 1})
+    assert refilled == [] and slot_counter(conn, destination) == 2
+
+
+@pytest.mark.parametrize("change", [
+    "paused = true",
+    "disabled = true",
+    "rate_limit = 10",
+])
+def test_no_refill_for_a_destination_that_may_not_be_claimed(
+    conn: psycopg.Connection, change: str
+) -> None:
+    destination = capped_backlog(conn, cap=2, events=5)
+    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    conn.execute(f"UPDATE destinations SET {change} WHERE id = %s", (destination,))
+    refilled = queue.record_results_and_refill(
+        conn, "w", delivered(conn, first), LEASE_MS, {destination: 2})
+    assert refilled == [] and slot_counter(conn, destination) == 0
+
+
+def test_no_refill_when_the_batch_opens_the_breaker(conn: psycopg.Connection) -> None:
+    """A success followed by failures that open the breaker: the refill sees the breaker
+    as the batch left it."""
+    destination = capped_backlog(conn, cap=2, events=5)
+    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    t = now(conn)
+    results = [*delivered(conn, first[:1]),
+               Result(first[1].id, first[1].attempt, "retry", t, 3, 500, "HTTP 500", None, t,
+                      first[1].claim_token)]
+    refilled = queue.record_results_and_refill(
+        conn, "w", results, LEASE_MS, {destination: 1}, queue.BreakerSettings(threshold=1))
+    assert refilled == [] and slot_counter(conn, destination) == 0
+
+
+def test_a_result_that_changed_nothing_refills_nothing(conn: psycopg.Connection) -> None:
+    """A late result (its claim reaped) took no lock on the destination: its slot is not
+    this worker's to refill, and another claimer may be changing the counter."""
+    destination = capped_backlog(conn, cap=2, events=5)
+    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    conn.execute("UPDATE deliveries SET locked_until = now() - interval '1 s'")
+    reap_expired(conn, MAX_ATTEMPTS)
+    assert slot_counter(conn, destination) == 0
+    refilled = queue.record_results_and_refill(
+        conn, "w", delivered(conn, first), LEASE_MS, {destination: 2})
+    assert refilled == [] and slot_counter(conn, destination) == 0
+    assert len(queue.claim_batch(conn, "other", 100, LEASE_MS)) == 2
+
+
+def test_only_destinations_not_refilled_wake_the_claimers(
+    dsn: str, conn: psycopg.Connection
+) -> None:
+    """A full cap's freed slots wake idle claimers (record_results.sql), but not those the
+    same write takes again."""
+    refilled_one = capped_backlog(conn, cap=1, events=3)
+    other = capped_backlog(conn, cap=1, events=3)
+    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    assert {c.destination_id for c in first} == {refilled_one, other}
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(f"LISTEN {queries.NOTIFY_CHANNEL}")
+        queue.record_results_and_refill(
+            conn, "w", delivered(conn, [c for c in first if c.destination_id == refilled_one]),
+            LEASE_MS, {refilled_one: 1})
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+        queue.record_results_and_refill(
+            conn, "w", delivered(conn, [c for c in first if c.destination_id == other]),
+            LEASE_MS, {})
+        assert len(list(listener.notifies(timeout=5, stop_after=1))) == 1
