@@ -2,7 +2,7 @@
 
     python bench/drain.py [drain-fast|drain-slow|all|many-destinations|capped-slow|mixes]
                           [--dsn URL | --stock-pg15] [--cap N] [--procs 2] [--count N]
-                          [--max-in-flight 512] [--repeat N] [--warm N] [--engine-warm N]
+                          [--max-in-flight 1024] [--repeat N] [--warm N] [--engine-warm N]
                           [--rate-limit R [--vs-unlimited]]
 
 drain-fast: 20,000 deliveries to a destination that answers at once; drain-slow: 10,000 to
@@ -48,6 +48,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from engine import queue
+from engine.config import Settings
 from engine.http_client import CurlPool, HttpResult
 from engine.migrate import migrate
 from engine.queries import NOTIFY_CHANNEL
@@ -309,7 +310,7 @@ def main() -> int:
                              " just before")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--count", type=int, help="deliveries (default: the scenario's)")
-    parser.add_argument("--max-in-flight", type=int, default=512)
+    parser.add_argument("--max-in-flight", type=int, default=Settings().max_in_flight)
     parser.add_argument(
         "--repeat", type=int, default=1,
         help="runs of each scenario (alternating with 'all'), then each one's median: on a "

@@ -47,6 +47,8 @@ from pgqueuer import AsyncpgDriver, Queries
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from engine.config import Settings
+
 import benchdb
 import drain
 import drain_watch
@@ -184,7 +186,8 @@ def main() -> int:
                         help="max_in_flight of the engine's destination (default: none)")
     parser.add_argument("--procs", type=int, default=2, help="processes of each side")
     parser.add_argument("--count", type=int, help="deliveries (default: the scenario's)")
-    parser.add_argument("--max-in-flight", type=int, default=512, help="the engine's")
+    parser.add_argument("--max-in-flight", type=int, default=Settings().max_in_flight,
+                        help="the engine's")
     parser.add_argument("--peer-in-flight", type=int, default=100)
     parser.add_argument("--peer-batch-size", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=1, help="pairs of each scenario")

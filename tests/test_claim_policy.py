@@ -122,3 +122,25 @@ def test_many_dead_endpoints_together_keep_to_the_group_share() -> None:
     policy.left_out(destinations, late)
     claims = [claim(1, dead[1]), claim(2, HEALTHY), claim(3, dead[2])]
     assert [c.id for c in policy.beyond_share(claims, destinations, late)] == [3]
+
+
+def test_an_answer_from_a_left_out_destination_ends_the_wait_for_work() -> None:
+    """A fresh destination with a backlog is left out while it has no answer yet; its first
+    answer, even one that came while the claim that left it out ran, lets the claim loop
+    claim again at once instead of waiting for the poll."""
+    policy = ClaimPolicy(CAPACITY)
+    t = 10.0
+    policy.others_claimed_at = t  # healthy traffic just now: SLOW stays left out
+    assert policy.left_out(piling_up(policy, t), t + SLOW_REQUEST_S) == [SLOW]
+    policy.answer(SLOW, t + SLOW_REQUEST_S + 0.01, 0.01)  # during the claim
+    assert not policy.claimed([SLOW], 10, [], 0, t + SLOW_REQUEST_S + 0.02)
+    assert policy.left_out_answered
+    t = 20.0  # silent again
+    policy.others_claimed_at = t
+    assert policy.left_out(piling_up(policy, t), t) == [SLOW]
+    policy.claimed([SLOW], 10, [], 0, t + 0.01)
+    assert not policy.left_out_answered
+    policy.answer(HEALTHY, t + 0.02, 0.01)
+    assert not policy.left_out_answered, "an answer from another destination"
+    policy.answer(SLOW, t + 0.03, 0.01)
+    assert policy.left_out_answered

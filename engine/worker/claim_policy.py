@@ -79,6 +79,12 @@ class ClaimPolicy:
         self.answered_at: dict[int, float] = {}  # destination id -> its last HTTP answer
         self.slow: set[int] = set()  # destinations whose last answer took SLOW_ANSWER_S
         self.trimming = True  # the last left_out() was not letting the slow ones in
+        # The destinations the last claim left out, and whether one of them has answered
+        # since: it may no longer be silent, and its backlog can be claimed at once
+        # (answer, and the claim loop's wait).
+        self.left_out_last: frozenset[int] = frozenset()
+        self.left_out_answered = False
+        self.left_out_at = -math.inf  # when left_out() chose them (monotonic)
         self.retry_due = math.inf  # monotonic time the earliest retry we recorded is due
 
     def limit(self, held: int, unrecorded: int) -> int:
@@ -99,6 +105,7 @@ class ClaimPolicy:
         """The destinations the next claim leaves out: silent ones holding their share."""
         # Whether that claim is to keep slow destinations to their share (beyond_share).
         self.trimming = self.leave_out_slow
+        self.left_out_at = now
         if not self.leave_out_slow:
             return []
         answered_at, slow = self.answered_at, self.slow
@@ -134,6 +141,8 @@ class ClaimPolicy:
     def answer(self, destination: int, now: float, took_s: float) -> None:
         """An HTTP answer came from `destination` after `took_s`."""
         self.answered_at[destination] = now
+        if destination in self.left_out_last:
+            self.left_out_answered = True
         if took_s >= SLOW_ANSWER_S:
             self.slow.add(destination)
         else:
@@ -177,7 +186,12 @@ class ClaimPolicy:
                 answered_meanwhile: int, now: float) -> bool:
         """Take in what a claim brought back (`now`: monotonic time); True when there is
         probably more to take at once."""
-        excluded = set(left_out)
+        excluded = frozenset(left_out)
+        self.left_out_last = excluded
+        # Answers that came while the claim ran count too.
+        answered_at = self.answered_at
+        self.left_out_answered = any(answered_at.get(destination, -math.inf) >= self.left_out_at
+                                     for destination in excluded)
         count = 0
         for claim in claims:
             count += 1

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import math
+import resource
 import signal
 import time
 from functools import partial
@@ -37,6 +38,12 @@ from engine.worker.slots import DestinationSlots, Waiting, take_overstayed
 # docs/decisions/0005-notify-gather-20ms.md).
 NOTIFY_GATHER_S = 0.02
 IDLE_SLICE_S = 0.25  # an idle claimer looks at the drain flag this often
+# ...and this often whether a destination its last claim left out has answered since
+# (claim_policy.SLOW_SHARE): a fresh destination with a backlog is left out once it holds
+# its share with no answer yet, and the claim after its first answers takes its backlog.
+# With 1,024 slots per worker and a 100 ms destination (bench drain-slow
+# --max-in-flight 1024), waiting for the poll instead held the drain to ~1,000/s.
+LEFT_OUT_SLICE_S = 0.02
 SWEEP_INTERVAL_S = 1.0
 
 
@@ -236,17 +243,20 @@ class DeliveryWorker:
         self.claim_conn = await self._connect(listen=True)
 
     async def _wait_for_work(self) -> bool:
-        """Until a NOTIFY arrives, the poll interval passes or a retry this worker recorded
-        falls due; False when draining."""
+        """Until a NOTIFY arrives, the poll interval passes, a retry this worker recorded
+        falls due or a destination the last claim left out answers; False when
+        draining."""
         conn = self.claim_conn
-        deadline = self.policy.wait_deadline()
+        policy = self.policy
+        deadline = policy.wait_deadline()
         try:
             while not self.stopping:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or policy.left_out_answered:
                     return True
+                slice_s = LEFT_OUT_SLICE_S if policy.left_out_last else IDLE_SLICE_S
                 woken = False
-                async for _ in conn.notifies(timeout=min(remaining, IDLE_SLICE_S), stop_after=1):
+                async for _ in conn.notifies(timeout=min(remaining, slice_s), stop_after=1):
                     woken = True
                 if woken:
                     # Gather, then debounce: what arrives meanwhile is answered by the same
@@ -422,6 +432,29 @@ class DeliveryWorker:
         self.room.set()
 
 
+# Open files a worker needs beyond one socket per slot: its database connections, the
+# resolver, the event loop's own descriptors, and some to spare.
+OTHER_FILES = 256
+
+
+def raise_open_file_limit(slots: int, worker: str) -> None:
+    """Lift the soft limit on open files to what `slots` sockets need, up to the hard limit:
+    the soft limit services often start with (1,024) is below a worker's default slots
+    plus its other descriptors, and a connect beyond it fails."""
+    needed = slots + OTHER_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    allowed = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if allowed > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (allowed, hard))
+    if allowed < needed:
+        log_event("worker_open_files_limited", worker=worker, limit=allowed, needed=needed,
+                  reason="the hard limit on open files is below --max-in-flight plus "
+                         f"{OTHER_FILES}: raise it (ulimit -Hn, LimitNOFILE=) or lower "
+                         "--max-in-flight")
+
+
 def run_worker_process(settings: Settings, dsn: str) -> int:
     """Entry point of a forked worker child. SIGINT is left to the supervisor (a Ctrl-C
     reaches the whole process group); SIGTERM starts the drain."""
@@ -429,5 +462,7 @@ def run_worker_process(settings: Settings, dsn: str) -> int:
     # What exists now (modules, the supervisor's state) lives as long as the process: keep
     # it out of every later collection.
     gc.freeze()
-    uvloop.run(DeliveryWorker(settings, dsn).run())
+    worker = DeliveryWorker(settings, dsn)
+    raise_open_file_limit(settings.max_in_flight, worker.worker)
+    uvloop.run(worker.run())
     return 0
