@@ -206,6 +206,7 @@ class ApiDestinationDeliveriesListParams(NamedTuple):
 STATEMENT_PARAMETERS: dict[str, type[tuple]] = {
     "claim_batch": ClaimBatchParams,
     "take_rate_tokens": TakeRateTokensParams,
+    "refill_slots": RefillSlotsParams,
     "lock_capped_destinations": LockCappedDestinationsParams,
     "record_results": RecordResultsParams,
     "return_claims": ReturnClaimsParams,

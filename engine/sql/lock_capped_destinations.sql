@@ -3,7 +3,7 @@
 -- and (by the counter) room below the cap, and returns their ids.
 --   $1 advisory lock class int (the key space of "changing this destination's slot count
 --      or breaker", shared with record_results.sql and return_claims.sql)
---   $2 most destinations locked int: a claim that locked this many claims again at once
+--   $2 limit int: the most destinations locked; a claim that locked this many claims again at once
 --      (engine.queue.CAPPED_LOCKS_PER_CLAIM says why a bound)
 --
 -- How the cap stays exact across processes and hosts: destinations.in_flight counts the

@@ -8,7 +8,7 @@
 --   $3 breaker threshold int, $4 breaker base pause ms int, $5 breaker max pause ms int
 --   $6 advisory lock class int (the key space of "updating this destination's breaker")
 --   $7 notification channel text: the one idle workers LISTEN on (engine.queries)
---   $8 destination ids bigint[] whose freed slots this transaction claims again itself
+--   $8 refilled destination ids bigint[]: those whose freed slots this transaction claims again itself
 --      (refill_slots.sql, the next statement): nobody is woken for them
 -- Returns the results applied, the breakers opened, the claimers woken and the
 -- operational events enqueued. The attempts also go to the console's per-minute rollup
