@@ -3,12 +3,13 @@
     python bench/drain.py [drain-fast|drain-slow|all|many-destinations|capped-slow|mixes]
                           [--dsn URL | --stock-pg15] [--cap N] [--procs 2] [--count N]
                           [--max-in-flight 1024] [--repeat N] [--warm N] [--engine-warm N]
-                          [--rate-limit R [--vs-unlimited]]
+                          [--cap N [--vs-uncapped]] [--rate-limit R [--vs-unlimited]]
 
 drain-fast: 20,000 deliveries to a destination that answers at once; drain-slow: 10,000 to
-one that answers after 100 ms (--cap N: that destination has max_in_flight N; --rate-limit
-R: rate_limit R, and --vs-unlimited runs each repeat without it too, for the limit's cost
-when it does not bind: the summary has each pair's ratio). Destination
+one that answers after 100 ms (--cap N: that destination has max_in_flight N, and
+--vs-uncapped runs each repeat without it too, just before; --rate-limit R: rate_limit R,
+and --vs-unlimited likewise runs each repeat without it: a cap's or a limit's cost when it
+does not bind, as the ratio of each pair in the summary). Destination
 mixes: many-destinations, 20,000 deliveries over 1,000 destinations answering at once,
 about half of them capped at 10-50; capped-slow, 10,000 over 100 destinations capped at 5
 answering after 100 ms (ceiling 5,000/s). Each report says whether the fake destination
@@ -36,6 +37,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -73,11 +75,11 @@ SCENARIOS = {
 }
 
 
-def targets(name: str, args: argparse.Namespace) -> list[Target]:
+def targets(name: str, count: int | None, cap: int | None) -> list[Target]:
     if name in SCENARIOS:
-        count, path = SCENARIOS[name]
-        return [Target(path, args.cap, args.count or count)]
-    return mix_targets(name, args.count)
+        default_count, path = SCENARIOS[name]
+        return [Target(path, cap, count or default_count)]
+    return mix_targets(name, count)
 
 
 BENCH_DB = "engine_bench_drain"
@@ -211,9 +213,12 @@ def fresh_database(admin_dsn: str) -> str:
 
 
 def run_scenario(
-    name: str, admin_dsn: str, args: argparse.Namespace, rate_limit: float | None = None
+    name: str, admin_dsn: str, args: argparse.Namespace, rate_limit: float | None = None,
+    cap: int | None = None,
 ) -> dict[str, object]:
-    run = targets(name, args)
+    """One drain; `cap` is drain-fast's and drain-slow's max_in_flight (the mixes set
+    their own)."""
+    run = targets(name, args.count, cap)
     count = sum(t.count for t in run)
     path = run[0].path
     dsn = fresh_database(admin_dsn)
@@ -303,6 +308,8 @@ def main() -> int:
     parser.add_argument("--cap", type=int,
                         help="max_in_flight of the destination of drain-fast and drain-slow"
                              " (default: none)")
+    parser.add_argument("--vs-uncapped", action="store_true",
+                        help="with --cap: each repeat also runs without the cap, just before")
     parser.add_argument("--rate-limit", type=float,
                         help="rate_limit of the scenario's destinations (default: none)")
     parser.add_argument("--vs-unlimited", action="store_true",
@@ -330,37 +337,53 @@ def main() -> int:
     args = parser.parse_args()
     if args.vs_unlimited and args.rate_limit is None:
         parser.error("--vs-unlimited needs --rate-limit")
+    if args.vs_uncapped and args.cap is None:
+        parser.error("--vs-uncapped needs --cap")
+    if args.vs_uncapped and args.vs_unlimited:
+        parser.error("--vs-uncapped and --vs-unlimited: one comparison per run")
     names = {"all": list(SCENARIOS), "mixes": list(MIXES)}.get(args.scenario, [args.scenario])
-    limits = [None, args.rate_limit] if args.vs_unlimited else [args.rate_limit]
+    # The variants of each repeat, in order: (label suffix, cap, rate_limit). The bare one
+    # runs first, then the one with the setting, so a pair shares the machine's moment.
+    if args.vs_uncapped:
+        variants = [("", None, args.rate_limit), ("-capped", args.cap, args.rate_limit)]
+    elif args.vs_unlimited:
+        variants = [("", args.cap, None), ("-rate-limit", args.cap, args.rate_limit)]
+    else:
+        variants = [("", args.cap, args.rate_limit)]
 
     args.reports.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {}
     with benchdb.server(args.dsn, stock_pg15_cluster=args.stock_pg15) as admin_dsn:
         for _ in range(args.repeat):
             for name in names:
-                for rate_limit in limits:
-                    label = name if rate_limit is None else f"{name}-rate-limit"
-                    report = run_scenario(name, admin_dsn, args, rate_limit)
+                for suffix, cap, rate_limit in variants:
+                    label = name + suffix
+                    report = run_scenario(name, admin_dsn, args, rate_limit, cap)
                     runs.setdefault(label, []).append(report)
                     print(save_report(args.reports, label, report), flush=True)
-    if args.repeat > 1 or args.vs_unlimited:
+    if args.repeat > 1 or len(variants) > 1:
         totals: dict[str, Any] = {label: summary(reports) for label, reports in runs.items()}
-        if args.vs_unlimited:
-            totals["rate_limit_pairs"] = {
-                name: rate_limit_pairs(runs[name], runs[f"{name}-rate-limit"]) for name in names}
+        if len(variants) > 1:
+            suffix = variants[1][0]
+            key = "cap_pairs" if args.vs_uncapped else "rate_limit_pairs"
+            totals[key] = {name: setting_pairs(runs[name], runs[name + suffix])
+                           for name in names}
         print(json.dumps(totals), flush=True)
     return 0
 
 
-def rate_limit_pairs(
-    unlimited: list[dict[str, Any]], limited: list[dict[str, Any]]
-) -> dict[str, list[float]]:
-    """Limited over unlimited, run by run: deliveries/s, and the engine's and PostgreSQL's
-    CPU per delivery (a pair ran back to back, so the machine's load skews both alike)."""
+def setting_pairs(
+    without: list[dict[str, Any]], with_setting: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """With the setting (a cap, a rate limit) over without, run by run: deliveries/s, and
+    the engine's and PostgreSQL's CPU per delivery (a pair ran back to back, so the
+    machine's load skews both alike), and the median of the rate ratios."""
     def ratios(value: Callable[[dict[str, Any]], float]) -> list[float]:
-        return [round(value(b) / value(a), 3) for a, b in zip(unlimited, limited, strict=True)]
+        return [round(value(b) / value(a), 3) for a, b in zip(without, with_setting, strict=True)]
+    rates = ratios(lambda r: r["deliveries_per_s"])
     return {
-        "deliveries_per_s": ratios(lambda r: r["deliveries_per_s"]),
+        "deliveries_per_s": rates,
+        "median_deliveries_per_s": statistics.median(rates),
         "engine_cpu_per_delivery": ratios(lambda r: r["cpu_us_per_delivery"]["engine"]),
         "postgres_cpu_per_delivery": ratios(lambda r: r["cpu_us_per_delivery"]["postgres"]),
     }

@@ -210,11 +210,11 @@ def main() -> int:
         for _ in range(args.repeat):
             for name in mixed_names:
                 # The destination mixes have no pgqueuer side: it has no per-destination cap.
-                report = drain.run_scenario(name, admin_dsn, args)
+                report = drain.run_scenario(name, admin_dsn, args, cap=args.cap)
                 mixed[name].append(report)
                 drain_watch.save_report(reports, name, report)
             for name in names:
-                engine = drain.run_scenario(name, admin_dsn, args)
+                engine = drain.run_scenario(name, admin_dsn, args, cap=args.cap)
                 time.sleep(1)
                 peer = run_peer(name, admin_dsn, args)
                 pair = pair_summary(name, engine, peer)

@@ -82,9 +82,11 @@ async def record_results_and_refill(
 ) -> list[Claim]:
     """queue.record_results_and_refill on an async connection. Pipelined: BEGIN, the two
     statements and COMMIT go out together, one round trip as record_results alone."""
+    # Parameters first: BEGIN goes out when the transaction opens, and the statements
+    # should follow it at once, not after the Python that builds them.
+    record = record_params(worker, results, breaker, list(refill))
+    refills = refill_params(worker, lease_ms, refill)
     async with conn.pipeline(), conn.transaction():
-        await run_statement_async(conn, queries.RECORD_RESULTS,
-                                  record_params(worker, results, breaker, list(refill)))
-        refilled = await run_statement_async(conn, queries.REFILL_SLOTS,
-                                             refill_params(worker, lease_ms, refill))
+        await run_statement_async(conn, queries.RECORD_RESULTS, record)
+        refilled = await run_statement_async(conn, queries.REFILL_SLOTS, refills)
     return claims_from_rows(await refilled.fetchall(), ())
