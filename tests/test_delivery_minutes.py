@@ -104,6 +104,53 @@ def test_the_sql_buckets_are_the_python_ones(conn: psycopg.Connection) -> None:
     assert row[0] == [0] * BUCKETS and row[1] == [2 * n for n in expected]
 
 
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.none(), st.integers(0, 2_000_000)), max_size=40),
+       st.lists(st.lists(st.integers(0, 1000), min_size=BUCKETS, max_size=BUCKETS)
+                | st.none(), min_size=1, max_size=4))
+def test_the_histogram_functions_count_and_add_as_python_does(
+    conn: psycopg.Connection, durations: list[int | None],
+    histograms: list[list[int] | None],
+) -> None:
+    """schema/013's PL/pgSQL histogram and inlined sum against engine/duration_histogram.py,
+    NULLs included: a NULL duration is not counted, a NULL histogram adds nothing (what
+    STRICT did for the duration_histogram_sum aggregate before 013)."""
+    expected = [0] * BUCKETS
+    for d in durations:
+        if d is not None:
+            expected[bucket_of(d)] += 1
+    row = conn.execute("SELECT duration_histogram(%s::int[])", (durations,)).fetchone()
+    assert row is not None and row[0] == expected
+    present = [h for h in histograms if h is not None]
+    summed = [sum(column) for column in zip(*present, strict=True)] if present else None
+    # Added one by one, and by the aggregate over a column of them.
+    state: list[int] | None = None
+    for h in histograms:
+        row = conn.execute("SELECT duration_histogram_add(%s::int[], %s::int[])",
+                           (state, h)).fetchone()
+        assert row is not None
+        state = row[0]
+    assert state == summed
+    values = ", ".join(["(%s::int[])"] * len(histograms))
+    row = conn.execute(f"SELECT duration_histogram_sum(h) FROM (VALUES {values}) v(h)",
+                       histograms).fetchone()
+    assert row is not None and row[0] == summed
+
+
+def test_the_histogram_sum_is_inlined_into_the_statement(conn: psycopg.Connection) -> None:
+    """What makes schema/013's duration_histogram_add cheap: the planner expands it in the
+    calling statement (record_results.sql's ON CONFLICT) instead of running a function
+    per row. A STRICT one, or a body with a subquery, would not be."""
+    row = conn.execute(
+        "EXPLAIN (VERBOSE, FORMAT JSON)"
+        " SELECT duration_histogram_add(m.durations, m.durations) FROM delivery_minutes m"
+    ).fetchone()
+    assert row is not None
+    output = " ".join(row[0][0]["Plan"]["Output"])
+    assert "duration_histogram_add" not in output and "CASE" in output, output
+
+
 # One attempt: (destination index, minutes ago, outcome, status code, duration ms).
 _attempt = st.tuples(
     st.integers(0, 2), st.integers(0, 5),
