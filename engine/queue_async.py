@@ -24,11 +24,17 @@ from engine.queue import (
     refill_params,
 )
 
+_NOTIFY = f"NOTIFY {queries.NOTIFY_CHANNEL}".encode()
+
 
 class ClaimedBatch(NamedTuple):
     claims: list[Claim]
     # The claim locked CAPPED_LOCKS_PER_CLAIM capped destinations, its most: others may
-    # have room and due work too.
+    # have room and due work too. Unless it claimed nothing, every claimer is notified
+    # after its commit, this one included.
+    # Claiming again at once instead, the worker that found a backlog of capped
+    # destinations first took all of them, and the slot refill (refill_slots.sql) kept
+    # them with it: in bench capped-slow one of two workers did all the work.
     capped_locks_full: bool
 
 
@@ -58,8 +64,14 @@ async def claim_batch(
             worker, limit, lease_ms, first_attempt_reserve, capped, skip_destinations, tokens
         )
         claimed = await run_statement_async(conn, queries.CLAIM_BATCH, params)
-    return ClaimedBatch(claims_from_rows(await claimed.fetchall(), tokens),
-                        len(capped) >= CAPPED_LOCKS_PER_CLAIM)
+    claims = claims_from_rows(await claimed.fetchall(), tokens)
+    capped_locks_full = len(capped) >= CAPPED_LOCKS_PER_CLAIM
+    if capped_locks_full and claims:
+        # Other capped destinations may have room: wake every claimer so that they share
+        # them (see ClaimedBatch). Not after an empty claim: the destinations it locked
+        # may all be left out, and every claimer would only lock them again.
+        await conn.execute(_NOTIFY)
+    return ClaimedBatch(claims, capped_locks_full)
 
 
 async def record_results(

@@ -3,10 +3,12 @@ for the same worker, in the same transaction (queue.record_results_and_refill)."
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import pytest
 
-from engine import queries, queue
+from engine import queries, queue, queue_async
 from engine.maintenance.reaper import reap_expired
 from engine.queue import EventIn, Result
 from tests.kit.data import LEASE_MS, add_destination, now
@@ -139,3 +141,31 @@ def test_only_destinations_not_refilled_wake_the_claimers(
             conn, "w", delivered(conn, [c for c in first if c.destination_id == other]),
             LEASE_MS, {})
         assert len(list(listener.notifies(timeout=5, stop_after=1))) == 1
+
+
+def test_a_claim_that_locked_its_most_capped_destinations_wakes_every_claimer(
+    conn: psycopg.Connection, dsn: str,
+) -> None:
+    """More capped destinations with room than one claim locks (CAPPED_LOCKS_PER_CLAIM):
+    the claim notifies every claimer, which share the rest. A claim that claimed nothing
+    (here: every destination left out) wakes nobody, or the claimers would lock the same
+    destinations again and again."""
+    destinations = [capped_backlog(conn, cap=2, events=2)
+                    for _ in range(queue.CAPPED_LOCKS_PER_CLAIM + 1)]
+
+    async def claim(skip: list[int]) -> tuple[queue_async.ClaimedBatch, int]:
+        async with (
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener,
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as claimer,
+        ):
+            await listener.execute(f"LISTEN {queries.NOTIFY_CHANNEL}")
+            batch = await queue_async.claim_batch(claimer, "w", 500, LEASE_MS, 0, skip)
+            woken = [n async for n in listener.notifies(timeout=0.5)]
+        return batch, len(woken)
+
+    batch, woken = asyncio.run(claim(destinations))
+    assert batch.capped_locks_full and batch.claims == [] and woken == 0
+    batch, woken = asyncio.run(claim([]))
+    assert batch.capped_locks_full and woken == 1
+    # The claim took the slots of the destinations it locked, and no others.
+    assert len(batch.claims) == 2 * queue.CAPPED_LOCKS_PER_CLAIM

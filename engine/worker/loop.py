@@ -195,7 +195,7 @@ class DeliveryWorker:
             answered_before = self.answered
             left_out = policy.left_out(self.destinations, time.monotonic())
             try:
-                claims, capped_locks_full = await queue_async.claim_batch(
+                claims, _ = await queue_async.claim_batch(
                     self.claim_conn, self.worker, limit, settings.lease_ms, reserve, left_out
                 )
             except (psycopg.OperationalError, IdleInTransactionSessionTimeout) as exc:
@@ -209,9 +209,8 @@ class DeliveryWorker:
             maybe_more = policy.claimed(left_out, limit, claims,
                                         self.answered - answered_before, time.monotonic())
             # Capped destinations beyond those this claim could lock may have room too
-            # (queue.CAPPED_LOCKS_PER_CLAIM). Not after an empty claim: the ones it locked
-            # may be left out, and it would only lock them again.
-            maybe_more = maybe_more or (capped_locks_full and bool(claims))
+            # (queue.CAPPED_LOCKS_PER_CLAIM): its commit woke every claimer for them, this
+            # one as well, and they share them after the same gathering pause.
             self.metrics.claim_seconds.observe(took)
             self.metrics.claim_batch_size.observe(len(claims))
             if self.stopping or self._claim_outlived_lease(took):
