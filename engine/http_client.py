@@ -45,7 +45,7 @@ DEFAULT_MAX_DRAIN = 1 << 20
 MAX_CONNECT_TIMEOUT_MS = 5000
 
 @lru_cache(maxsize=4096)
-def _host_port(url: str) -> tuple[str, int]:
+def host_port(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     return (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
 
@@ -58,7 +58,7 @@ def _ready_pin(url: str, allow_private: Allowance) -> tuple[bool, str | None]:
     """(known, pin) for the connect-time check, without waiting: known for an IP literal
     (no DNS, so nothing to pin: it is checked as is) and for a host whose checked address
     is cached. Raises TargetRefused for a refused target."""
-    host, port = _host_port(url)
+    host, port = host_port(url)
     if check_host(host, allow_private) is not None:
         return True, None
     pin = cached_pin(host, port, allow_private)
@@ -67,7 +67,7 @@ def _ready_pin(url: str, allow_private: Allowance) -> tuple[bool, str | None]:
 
 def _resolve_entry(url: str, pin: str) -> list[str]:
     """The CURLOPT_RESOLVE list that makes curl connect to `pin` for this URL's host."""
-    host, port = _host_port(url)
+    host, port = host_port(url)
     address = f"[{pin}]" if ":" in pin else pin
     return [f"{host}:{port}:{address}"]
 
@@ -217,7 +217,7 @@ class CurlPool:
         try:
             known, pin = _ready_pin(url, allow_private)
             if not known:
-                pin = await resolve_and_check_async(*_host_port(url), allow_private)
+                pin = await resolve_and_check_async(*host_port(url), allow_private)
         except (TargetRefused, TargetUnresolvable) as exc:
             return failed_result(_target_error(exc), started_at)
         return await self.post(url, headers, body, timeout_ms, pin)

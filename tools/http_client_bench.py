@@ -3,7 +3,10 @@
 From the repository root:
 
     python -m tools.http_client_bench [--concurrency 512] [--seconds 5] [--loop uvloop]
-                                      [--api callback|future]
+                                      [--api callback|future] [--pools 1]
+
+--pools N spreads the requests over N multi handles as a worker does (engine.http_pools,
+concurrency / N in flight in each; callback API only).
 
 Prints one JSON line: POSTs/s and CPU microseconds per POST of this process
 (libcurl runs in-process, so that is the whole client cost).
@@ -15,10 +18,12 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 
 import uvloop
 
 from engine.http_client import CurlPool, HttpResult
+from engine.http_pools import CurlPools
 from engine.signing import build_headers, generate_secret
 
 NODE_SERVER = """
@@ -35,8 +40,17 @@ server.listen(0, '127.0.0.1', () => console.log(server.address().port));
 """
 
 
-async def measure(url: str, concurrency: int, seconds: float, warmup: float, api: str) -> dict:
+async def measure(
+    url: str, concurrency: int, seconds: float, warmup: float, api: str, pools: int
+) -> dict:
     pool = CurlPool(max_connects=concurrency)
+    spread = CurlPools(concurrency, spread=-(-concurrency // pools))
+
+    def start(on_done: Callable[[HttpResult | None], None]) -> None:
+        if pools == 1:
+            pool.start(url, headers, body, 5000, on_done)
+        else:
+            spread.start_checked(url, headers, body, 5000, True, on_done)
     body = b'{"type":"bench","payload":{"n":12345,"text":"' + b"x" * 200 + b'"}}'
     headers = build_headers([generate_secret()], "evt_bench", int(time.time()), body)
     completed = 0
@@ -63,14 +77,14 @@ async def measure(url: str, concurrency: int, seconds: float, warmup: float, api
             else:
                 failures += 1
             if time.monotonic() < stop_at:
-                pool.start(url, headers, body, 5000, on_done)
+                start(on_done)
             else:
                 running -= 1
                 if running == 0:
                     all_done.set_result(None)
 
         for _ in range(concurrency):
-            pool.start(url, headers, body, 5000, on_done)
+            start(on_done)
         await all_done
 
     async def run_all() -> None:
@@ -87,6 +101,7 @@ async def measure(url: str, concurrency: int, seconds: float, warmup: float, api
     await run_all()
     wall, cpu = time.monotonic() - wall_start, time.process_time() - cpu_start
     await pool.close()
+    await spread.close()
     return {
         "posts_per_s": round(completed / wall),
         "cpu_us_per_post": round(cpu / completed * 1e6, 1),
@@ -96,6 +111,7 @@ async def measure(url: str, concurrency: int, seconds: float, warmup: float, api
         "seconds": round(wall, 2),
         "concurrency": concurrency,
         "api": api,
+        "pools": pools,
     }
 
 
@@ -106,14 +122,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    parser.add_argument("--pools", type=int, default=1)
     args = parser.parse_args()
+    if args.pools > 1 and args.api != "callback":
+        parser.error("--pools needs --api callback")
 
     server = subprocess.Popen(["node", "-e", NODE_SERVER], stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline())
         url = f"http://127.0.0.1:{port}/hook"
         run = uvloop.run if args.loop == "uvloop" else asyncio.run
-        report = run(measure(url, args.concurrency, args.seconds, args.warmup, args.api))
+        report = run(measure(url, args.concurrency, args.seconds, args.warmup, args.api,
+                             args.pools))
     finally:
         server.terminate()
         server.wait()

@@ -23,7 +23,8 @@ from psycopg.errors import IdleInTransactionSessionTimeout
 from engine import queue_async
 from engine.config import Settings
 from engine.domain import BreakerSettings, Claim, Result, worker_id
-from engine.http_client import CurlPool, HttpResult
+from engine.http_client import HttpResult
+from engine.http_pools import CurlPools
 from engine.metrics import count_results, instruments
 from engine.oplog import Outage, log_event
 from engine.send_pacing import SEND_AT_ONCE_S, SendSchedule
@@ -105,7 +106,7 @@ class DeliveryWorker:
         self.http_idle = asyncio.Event()
         self.stop_requested = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
-        self.http = CurlPool(max_connects=self.capacity)
+        self.http = CurlPools(self.capacity)
         self.claim_conn = await self._connect(listen=True)
         await self.recorder.open()
         claimer = loop.create_task(self._claim_loop())
