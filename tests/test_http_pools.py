@@ -38,6 +38,27 @@ async def until(condition, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+def spread_of_gated(server: ScriptedServer, capacity: int, spread: int, n: int) -> tuple[
+        list[int], list[int | None], dict, int]:
+    """Start `n` requests that wait at the server's gate and read how CurlPools(capacity,
+    spread) spreads them over its pools; then open the gate. Returns that spread, the
+    statuses, and what the pools still count afterwards (per host, and in flight)."""
+    async def main() -> tuple[list[int], list[int | None], dict, int]:
+        pools = CurlPools(capacity, spread=spread)
+        try:
+            waiting = [start(pools, f"{server.base_url}/gate") for _ in range(n)]
+            await until(lambda: len(server.requests) == n)
+            taken = per_pool(pools)
+            server.gate.set()
+            results = await asyncio.gather(*waiting)
+            return taken, [r.status_code if r else None for r in results], \
+                dict(pools._in_flight), pools.in_flight
+        finally:
+            await pools.close()
+
+    return uvloop.run(main())
+
+
 def test_pool_count_follows_capacity() -> None:
     async def main() -> list[int]:
         counts = []
@@ -51,20 +72,7 @@ def test_pool_count_follows_capacity() -> None:
 
 
 def test_busy_host_fills_one_pool_then_the_next(server: ScriptedServer) -> None:
-    async def main() -> tuple[list[int], list[int | None], dict, int]:
-        pools = CurlPools(6, spread=2)
-        try:
-            waiting = [start(pools, f"{server.base_url}/gate") for _ in range(5)]
-            await until(lambda: len(server.requests) == 5)
-            spread = per_pool(pools)
-            server.gate.set()
-            results = await asyncio.gather(*waiting)
-            return spread, [r.status_code if r else None for r in results], \
-                dict(pools._in_flight), pools.in_flight
-        finally:
-            await pools.close()
-
-    spread, statuses, left, in_flight = uvloop.run(main())
+    spread, statuses, left, in_flight = spread_of_gated(server, 6, 2, 5)
     # Two in the host's own pool, two in the next, the fifth in the last.
     first = hash(host_port(server.base_url)) % 3
     assert spread[first] == 2 and spread[(first + 1) % 3] == 2 and spread[(first + 2) % 3] == 1
@@ -73,19 +81,8 @@ def test_busy_host_fills_one_pool_then_the_next(server: ScriptedServer) -> None:
 
 
 def test_every_pool_full_goes_to_the_least_busy(server: ScriptedServer) -> None:
-    async def main() -> list[int]:
-        pools = CurlPools(2, spread=1)
-        try:
-            waiting = [start(pools, f"{server.base_url}/gate") for _ in range(5)]
-            await until(lambda: len(server.requests) == 5)
-            spread = per_pool(pools)
-            server.gate.set()
-            await asyncio.gather(*waiting)
-            return spread
-        finally:
-            await pools.close()
-
-    assert sorted(uvloop.run(main())) == [2, 3]
+    spread, _, _, _ = spread_of_gated(server, 2, 1, 5)
+    assert sorted(spread) == [2, 3]
 
 
 def test_one_request_at_a_time_keeps_one_connection(server: ScriptedServer) -> None:

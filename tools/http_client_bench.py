@@ -18,7 +18,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from functools import partial
 
 import uvloop
 
@@ -44,15 +44,12 @@ async def measure(
     url: str, concurrency: int, seconds: float, warmup: float, api: str, pools: int
 ) -> dict:
     pool = CurlPool(max_connects=concurrency)
-    spread = CurlPools(concurrency, spread=-(-concurrency // pools))
-
-    def start(on_done: Callable[[HttpResult | None], None]) -> None:
-        if pools == 1:
-            pool.start(url, headers, body, 5000, on_done)
-        else:
-            spread.start_checked(url, headers, body, 5000, True, on_done)
+    spread = CurlPools(concurrency, spread=-(-concurrency // pools)) if pools > 1 else None
     body = b'{"type":"bench","payload":{"n":12345,"text":"' + b"x" * 200 + b'"}}'
     headers = build_headers([generate_secret()], "evt_bench", int(time.time()), body)
+    # start(on_done): one POST on the single pool, or as the worker starts it (--pools N).
+    start = (partial(pool.start, url, headers, body, 5000) if spread is None
+             else partial(spread.start_checked, url, headers, body, 5000, True))
     completed = 0
     failures = 0
     stop_at = 0.0
@@ -101,7 +98,8 @@ async def measure(
     await run_all()
     wall, cpu = time.monotonic() - wall_start, time.process_time() - cpu_start
     await pool.close()
-    await spread.close()
+    if spread is not None:
+        await spread.close()
     return {
         "posts_per_s": round(completed / wall),
         "cpu_us_per_post": round(cpu / completed * 1e6, 1),
