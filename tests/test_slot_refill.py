@@ -169,3 +169,45 @@ def test_a_claim_that_locked_its_most_capped_destinations_wakes_every_claimer(
     assert batch.capped_locks_full and woken == 1
     # The claim took the slots of the destinations it locked, and no others.
     assert len(batch.claims) == 2 * queue.CAPPED_LOCKS_PER_CLAIM
+
+
+def test_the_async_write_records_and_refills_in_one_transaction(
+    dsn: str, conn: psycopg.Connection
+) -> None:
+    """queue_async's write sends no BEGIN or COMMIT: the pipeline's statements up to its
+    Sync are one transaction. The refill finds the destination only in the transaction
+    whose record_results locked it, so refilled claims show the two shared one."""
+    destination = capped_backlog(conn, cap=2, events=5)
+    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+
+    async def write() -> list[queue.Claim]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as own:
+            return await queue_async.record_results_and_refill(
+                own, "w", delivered(conn, first), LEASE_MS, {destination: 2})
+
+    refilled = asyncio.run(write())
+    assert len(refilled) == 2 and all(c.fills_cap for c in refilled)
+    assert holding(conn, destination, "w") == sorted(c.id for c in refilled)
+    assert slot_counter(conn, destination) == 2
+    assert conn.execute("SELECT count(*) FROM finished_deliveries").fetchone() == (2,)
+
+
+def test_a_failed_async_refill_leaves_the_results_unrecorded(
+    dsn: str, conn: psycopg.Connection
+) -> None:
+    """If the refill fails, the record before it in the pipeline is rolled back too: the
+    results stay to be written again, and the slots stay counted as the rows hold them."""
+    destination = capped_backlog(conn, cap=2, events=5)
+    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+
+    async def write() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as own:
+            # A lease past the end of time: the refill's UPDATE fails on its first row.
+            await queue_async.record_results_and_refill(
+                own, "w", delivered(conn, first), 10**18, {destination: 2})
+
+    with pytest.raises(psycopg.errors.DatetimeFieldOverflow):
+        asyncio.run(write())
+    assert holding(conn, destination, "w") == sorted(c.id for c in first)
+    assert slot_counter(conn, destination) == 2
+    assert conn.execute("SELECT count(*) FROM finished_deliveries").fetchone() == (0,)
