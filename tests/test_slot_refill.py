@@ -211,3 +211,29 @@ def test_a_failed_async_refill_leaves_the_results_unrecorded(
     assert holding(conn, destination, "w") == sorted(c.id for c in first)
     assert slot_counter(conn, destination) == 2
     assert conn.execute("SELECT count(*) FROM finished_deliveries").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(("announce", "limit", "woken"), [
+    (True, 5, 1),  # a full claim after a poll: a backlog nobody announced
+    (True, 50, 0),  # it came back short: nothing left for the others
+    (False, 5, 0),  # after a NOTIFY: every claimer was woken already
+])
+def test_a_full_claim_after_a_poll_wakes_every_claimer(
+    conn: psycopg.Connection, dsn: str, announce: bool, limit: int, woken: int,
+) -> None:
+    destination = add_destination(conn)
+    with conn.transaction():
+        queue.enqueue_events(conn, [EventIn("t", "{}", [destination]) for _ in range(10)])
+
+    async def claim() -> tuple[int, int]:
+        async with (
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener,
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as claimer,
+        ):
+            await listener.execute(f"LISTEN {queries.NOTIFY_CHANNEL}")
+            batch = await queue_async.claim_batch(claimer, "w", limit, LEASE_MS,
+                                                  announce_backlog=announce)
+            notified = [n async for n in listener.notifies(timeout=0.5)]
+        return len(batch.claims), len(notified)
+
+    assert asyncio.run(claim()) == (min(limit, 10), woken)

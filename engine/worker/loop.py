@@ -68,6 +68,8 @@ class DeliveryWorker:
         self.capacity = settings.max_in_flight  # requests with libcurl at once
         self.policy = ClaimPolicy(self.capacity)
         self.held = 0  # claims between claim and result: being sent or waiting to be
+        # The next claim follows a poll, not a NOTIFY: whatever it finds, nobody announced.
+        self.polled = False
         self.ready: Waiting = Waiting()  # claims beyond the free slots (the prefetch)
         # Rate-limited claims waiting for their booked send time (take_rate_tokens.sql).
         self.paced = SendSchedule(self._send_paced)
@@ -197,7 +199,8 @@ class DeliveryWorker:
             left_out = policy.left_out(self.destinations, time.monotonic())
             try:
                 claims, _ = await queue_async.claim_batch(
-                    self.claim_conn, self.worker, limit, settings.lease_ms, reserve, left_out
+                    self.claim_conn, self.worker, limit, settings.lease_ms, reserve, left_out,
+                    announce_backlog=self.polled,
                 )
             except (psycopg.OperationalError, IdleInTransactionSessionTimeout) as exc:
                 # The second: the server ended a claim transaction this process left open
@@ -206,6 +209,7 @@ class DeliveryWorker:
                 await self._reconnect_claim()
                 continue
             self.outage.recovered()
+            self.polled = False
             took = time.perf_counter() - started
             maybe_more = policy.claimed(left_out, limit, claims,
                                         self.answered - answered_before, time.monotonic())
@@ -253,6 +257,7 @@ class DeliveryWorker:
             while not self.stopping:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or policy.left_out_answered:
+                    self.polled = remaining <= 0
                     return True
                 slice_s = LEFT_OUT_SLICE_S if policy.left_out_last else IDLE_SLICE_S
                 woken = False
