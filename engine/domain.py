@@ -47,6 +47,10 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
     # until a slot comes back, so the worker records its results sooner
     # (engine/worker/recorder.py, SLOT_FLUSH_INTERVAL_S).
     fills_cap: bool = False
+    # This claim took a slot under its destination's max_in_flight (claim_batch.sql,
+    # refill_slots.sql); a spare (refill_slots.sql) takes none until a result hands it
+    # one (record_results.sql, `handed`).
+    holds_slot: bool = False
     # A rate-limited destination's delivery may be sent no earlier than send_at (the
     # database's clock), send_delay_s after the claim statement: take_rate_tokens.sql.
     send_at: dt.datetime | None = None
@@ -71,6 +75,10 @@ class Result(msgspec.Struct, frozen=True, gc=False):
     next_attempt_at: dt.datetime | None = None
     # The claim's token: the result applies only while that claim is the current one.
     claim_token: int | None = None
+    # A success that handed its capped slot straight on to a spare claim (the worker sent
+    # the spare the moment this answer came): that claim's id and token.
+    slot_to: int | None = None
+    slot_to_token: int | None = None
 
 
 @dataclass(frozen=True)
