@@ -60,9 +60,12 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
 OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
 
 
-class Result(msgspec.Struct, frozen=True, gc=False):
+class Result(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     """The outcome of one attempt. `next_attempt_at` is set for 'retry' and 'gone'.
-    A Struct, not a dataclass: a worker makes one per delivery (several times cheaper)."""
+    A Struct, not a dataclass: a worker makes one per delivery (several times cheaper).
+    omit_defaults: the JSON document of a batch (record_results.sql) names only the
+    fields that are set; json_to_recordset reads a missing key as NULL, and most of a
+    success's fields are."""
 
     id: int
     attempt: int
