@@ -109,7 +109,6 @@ async def record_results_and_refill(
     record = record_params(worker, results, breaker, list(refill))
     refills = refill_params(worker, lease_ms, refill, spares)
     async with conn.pipeline():
-        if results:
-            await run_statement_async(conn, queries.RECORD_RESULTS, record)
+        await run_statement_async(conn, queries.RECORD_RESULTS, record)
         refilled = await run_statement_async(conn, queries.REFILL_SLOTS, refills)
     return claims_from_rows(await refilled.fetchall(), ())

@@ -47,6 +47,8 @@ IDLE_SLICE_S = 0.25  # an idle claimer looks at the drain flag this often
 # --max-in-flight 1024), waiting for the poll instead held the drain to ~1,000/s.
 LEFT_OUT_SLICE_S = 0.02
 SWEEP_INTERVAL_S = 1.0
+# A capped destination gets spare claims (_hand_over) once its answers take this long.
+SPARES_ANSWER_MS = 20
 
 
 def message_id(event_id: int) -> str:
@@ -234,7 +236,6 @@ class DeliveryWorker:
                         self.held += 1
                         self._release(claim)
                 self._dispatch(claims)
-                self._want_spares(claims)
                 policy.rate_limited(claims, holding_booked=bool(self.paced))
             self.metrics.in_flight.set(self.sending)
 
@@ -400,7 +401,13 @@ class DeliveryWorker:
                 # pass_on handed it to the spare there: this claim never held it.)
                 result = msgspec.structs.replace(result, slot_to=spare.id,
                                                  slot_to_token=spare.claim_token)
-            spares_for: tuple[int, int] | None = (destination, cap)
+            # Spares only for a destination whose answers take long enough for the write
+            # to matter: for one answering in a millisecond, spares cost more writes than
+            # they save (bench many-destinations, decision 0017).
+            spares_for: tuple[int, int] | None = (
+                (destination, cap)
+                if response is not None and response.duration_ms >= SPARES_ANSWER_MS
+                else None)
         else:
             spares_for = None
         try:
@@ -428,17 +435,6 @@ class DeliveryWorker:
             self._start(spare, slots)
             return spare
         return None
-
-    def _want_spares(self, claims: list[Claim]) -> None:
-        """Ask for spares of the small caps these claims filled, so that their first
-        answers already hand their slots on (as _on_response's refill, which asks too)."""
-        threshold = self.policy.threshold
-        slow = self.policy.slow
-        for claim in claims:
-            cap = claim.max_in_flight
-            if (claim.fills_cap and cap is not None and cap <= threshold
-                    and claim.destination_id not in slow):
-                self.recorder.want_spares(claim.destination_id, cap)
 
     def _spares_wanted(self, caps: dict[int, int]) -> dict[int, int]:
         """How many spares the write is to claim for each destination (id -> its cap):

@@ -134,12 +134,6 @@ class ResultRecorder:
         self.handing[to.id] = index
         return True
 
-    def want_spares(self, destination: int, cap: int) -> None:
-        """Claim spares for this capped destination with the next write, at once (a
-        claim just filled its slots: spares are wanted before its first answer)."""
-        self.spares_for[destination] = cap
-        self.flush_wanted.set()
-
     def close(self) -> None:
         """Record what is left and end `run` (the worker is draining)."""
         self.closing = True
@@ -153,7 +147,7 @@ class ResultRecorder:
             if self.flush_timer is not None:
                 self.flush_timer.cancel()
                 self.flush_timer = None
-            if self.results or (self.spares_for and not self.closing):
+            if self.results:
                 batch, self.results = self.results, []
                 returned_slots, self.slot_results = self.slot_results, 0
                 refill, self.refill = self.refill, {}
