@@ -47,6 +47,10 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
     # until a slot comes back, so the worker records its results sooner
     # (engine/worker/recorder.py, SLOT_FLUSH_INTERVAL_S).
     fills_cap: bool = False
+    # This claim took a slot under its destination's max_in_flight (claim_batch.sql,
+    # refill_slots.sql); a spare (refill_slots.sql) takes none until a result hands it
+    # one (record_results.sql, `handed`).
+    holds_slot: bool = False
     # A rate-limited destination's delivery may be sent no earlier than send_at (the
     # database's clock), send_delay_s after the claim statement: take_rate_tokens.sql.
     send_at: dt.datetime | None = None
@@ -56,9 +60,12 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
 OUTCOMES = frozenset({"delivered", "retry", "dead", "gone", "released"})
 
 
-class Result(msgspec.Struct, frozen=True, gc=False):
+class Result(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     """The outcome of one attempt. `next_attempt_at` is set for 'retry' and 'gone'.
-    A Struct, not a dataclass: a worker makes one per delivery (several times cheaper)."""
+    A Struct, not a dataclass: a worker makes one per delivery (several times cheaper).
+    omit_defaults: the JSON document of a batch (record_results.sql) names only the
+    fields that are set; json_to_recordset reads a missing key as NULL, and most of a
+    success's fields are."""
 
     id: int
     attempt: int
@@ -71,6 +78,10 @@ class Result(msgspec.Struct, frozen=True, gc=False):
     next_attempt_at: dt.datetime | None = None
     # The claim's token: the result applies only while that claim is the current one.
     claim_token: int | None = None
+    # A success that handed its capped slot straight on to a spare claim (the worker sent
+    # the spare the moment this answer came): that claim's id and token.
+    slot_to: int | None = None
+    slot_to_token: int | None = None
 
 
 @dataclass(frozen=True)

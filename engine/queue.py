@@ -145,10 +145,16 @@ def record_params(
     )
 
 
-def refill_params(worker: str, lease_ms: int, refill: Mapping[int, int]) -> tuple[object, ...]:
-    """Parameters of refill_slots.sql; `refill`: destination id -> slots it may take."""
-    return RefillSlotsParams(worker_id=worker, lease_ms=lease_ms,
-                             destination_ids=list(refill), slots=list(refill.values()))
+def refill_params(
+    worker: str, lease_ms: int, refill: Mapping[int, int], spares: Mapping[int, int] = {},
+) -> tuple[object, ...]:
+    """Parameters of refill_slots.sql; `refill`: destination id -> slots it may take,
+    `spares`: destination id -> spares (claims that take no slot) it may take."""
+    destinations = list(refill) + [d for d in spares if d not in refill]
+    return RefillSlotsParams(
+        worker_id=worker, lease_ms=lease_ms, destination_ids=destinations,
+        slots=[refill.get(d, 0) for d in destinations],
+        spares=[spares.get(d, 0) for d in destinations])
 
 
 def return_params(
@@ -202,15 +208,17 @@ def record_results(
 def record_results_and_refill(
     conn: Connection, worker: str, results: Sequence[Result], lease_ms: int,
     refill: Mapping[int, int], breaker: BreakerSettings | None = None,
+    spares: Mapping[int, int] = {},
 ) -> list[Claim]:
     """record_results, then in the same transaction claim for `worker` the next due
     deliveries of capped destinations whose slots the batch gave back (`refill`:
-    destination id -> at most this many; refill_slots.sql says which are refilled)."""
+    destination id -> at most this many; refill_slots.sql says which are refilled), and
+    `spares` (destination id -> at most this many) that take no slot."""
     with conn.transaction():
         run_statement(conn, queries.RECORD_RESULTS,
                       record_params(worker, results, breaker, list(refill)))
         rows = run_statement(conn, queries.REFILL_SLOTS,
-                             refill_params(worker, lease_ms, refill)).fetchall()
+                             refill_params(worker, lease_ms, refill, spares)).fetchall()
     return claims_from_rows(rows, ())
 
 

@@ -97,6 +97,7 @@ async def record_results(
 async def record_results_and_refill(
     conn: AsyncConnection, worker: str, results: Sequence[Result], lease_ms: int,
     refill: Mapping[int, int], breaker: BreakerSettings | None = None,
+    spares: Mapping[int, int] = {},
 ) -> list[Claim]:
     """queue.record_results_and_refill on an async connection, in autocommit mode.
     Pipelined, without BEGIN and COMMIT: in a pipeline, the statements up to its Sync
@@ -106,7 +107,7 @@ async def record_results_and_refill(
     the write that a freed capped slot waits for (bench capped-slow, stock PostgreSQL
     15: 3 of 4 pairs faster, medians 4,314 against 4,165/s, 2026-12-03)."""
     record = record_params(worker, results, breaker, list(refill))
-    refills = refill_params(worker, lease_ms, refill)
+    refills = refill_params(worker, lease_ms, refill, spares)
     async with conn.pipeline():
         await run_statement_async(conn, queries.RECORD_RESULTS, record)
         refilled = await run_statement_async(conn, queries.REFILL_SLOTS, refills)

@@ -49,6 +49,7 @@ class RefillSlotsParams(NamedTuple):
     lease_ms: int
     destination_ids: list[int]  # capped destinations whose slots the batch gave back
     slots: list[int]  # at most this many for each
+    spares: list[int]  # and at most this many that take no slot
 
 
 class ReturnClaimsParams(NamedTuple):

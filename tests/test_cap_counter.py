@@ -1,7 +1,10 @@
 """max_in_flight with several concurrent claimers: the cap is never exceeded, and each
 capped destination's slot counter equals the number of its in-flight deliveries holding a
 slot after every step, whatever mix of claims, results, releases, reaps and slot refills
-(a result write that claims the freed slots again, refill_slots.sql) runs at once.
+(a result write that claims the freed slots again, refill_slots.sql) runs at once. Some
+claimers also hold spares (claims that take no slot) and hand a success's slot on to one
+(record_results.sql, `handed`), as a worker does: the requests they have "running" for
+a destination, counted across claimers, never exceed its cap.
 
 Each claimer is a thread with its own connection, like a worker process; after each of its
 steps it checks the invariants in one statement (one snapshot: a claim or result changes
@@ -16,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -39,11 +43,10 @@ DEADLINE_S = 300.0
 NO_BREAKER = BreakerSettings(threshold=1_000_000_000)
 
 # Per capped destination, in one snapshot: its counter, the in-flight deliveries holding a
-# slot, all its in-flight deliveries, and its cap.
+# slot, and its cap. (More rows than the cap may be in flight: spares hold no slot.)
 CHECK = """
 SELECT dest.id, dest.in_flight, dest.max_in_flight,
-       count(d.id) FILTER (WHERE d.holds_slot) AS holding,
-       count(d.id) AS in_flight_rows
+       count(d.id) FILTER (WHERE d.holds_slot) AS holding
   FROM destinations dest
   LEFT JOIN deliveries d ON d.destination_id = dest.id AND d.status = 'in_flight'
  WHERE dest.max_in_flight IS NOT NULL
@@ -53,12 +56,38 @@ SELECT dest.id, dest.in_flight, dest.max_in_flight,
 
 def violations(conn: psycopg.Connection) -> list[str]:
     found = []
-    for dest, counter, cap, holding, rows in conn.execute(CHECK).fetchall():
+    for dest, counter, cap, holding in conn.execute(CHECK).fetchall():
         if counter != holding:
             found.append(f"destination {dest}: counter {counter}, {holding} holding a slot")
-        if rows > cap:
-            found.append(f"destination {dest}: {rows} in flight over its cap {cap}")
+        if holding > cap:
+            found.append(f"destination {dest}: {holding} slots held over its cap {cap}")
     return found
+
+
+class Running:
+    """The requests the claimers have running per destination (a claim that holds a
+    slot, from its claim to its answer; a spare, from the answer that handed it a slot to
+    its own), checked against the caps at every start."""
+
+    def __init__(self, caps: dict[int, int | None]) -> None:
+        self.caps = caps
+        self.lock = threading.Lock()
+        self.count: dict[int, int] = {}
+
+    def start(self, claim: queue.Claim, found: list[str]) -> None:
+        cap = self.caps[claim.destination_id]
+        if cap is None:
+            return
+        with self.lock:
+            n = self.count[claim.destination_id] = self.count.get(claim.destination_id, 0) + 1
+        if n > cap:
+            found.append(f"destination {claim.destination_id}: {n} requests running"
+                         f" over its cap {cap}")
+
+    def end(self, claim: queue.Claim) -> None:
+        if self.caps[claim.destination_id] is not None:
+            with self.lock:
+                self.count[claim.destination_id] -= 1
 
 
 @dataclass(frozen=True)
@@ -69,6 +98,7 @@ class Plan:
     max_limit: int
     weights: tuple[int, ...]  # of OUTCOMES
     refills: tuple[bool, ...]  # per claimer: its result writes refill the slots they free
+    spares: tuple[bool, ...]  # per claimer (with refills): ...and claim spares to hand on to
 
 
 @st.composite
@@ -85,26 +115,44 @@ def plans(draw: st.DrawFn) -> Plan:
         weights=(draw(st.integers(1, 10)), draw(st.integers(0, 5)), draw(st.integers(0, 2)),
                  draw(st.integers(0, 3)), draw(st.integers(0, 2))),
         refills=tuple(draw(st.lists(st.booleans(), min_size=claimers, max_size=claimers))),
+        spares=tuple(draw(st.lists(st.booleans(), min_size=claimers, max_size=claimers))),
     )
 
 
-def claimer(dsn: str, name: str, plan: Plan, seed: int, refills: bool, found: list[str],
-            done: threading.Event) -> None:
+def claimer(dsn: str, name: str, plan: Plan, seed: int, refills: bool, spares: bool,
+            running: Running, found: list[str], done: threading.Event) -> None:
     """Claim, then answer each claim by the plan's outcome mix, until nothing is left;
     with `refills`, as a worker does with capped destinations: each success asks the
-    result write to claim its slot again, and what that refills is answered next."""
+    result write to claim its slot again, and what that refills is answered next. With
+    `spares` too, the write also claims spares, and a success with a spare of its
+    destination at hand starts it at once and hands it its slot."""
     rng = random.Random(seed)
-    refilled: list[queue.Claim] = []
+    pending: list[queue.Claim] = []  # running: answered in the next round
+    held: dict[int, list[queue.Claim]] = {}  # spares not started, per destination
+    handed: set[int] = set()  # spares started in a handed-on slot
     with psycopg.connect(dsn, autocommit=True) as conn:
         started = time.monotonic()
         while time.monotonic() - started < DEADLINE_S:
-            if refilled:
-                claims, refilled = refilled, []
+            if pending:
+                claims, pending = pending, []
             else:
+                unsent = [c for waiting in held.values() for c in waiting]
+                if unsent and rng.random() < 0.5:
+                    # Spares with nothing running beside them go back.
+                    held.clear()
+                    queue.record_results(conn, name, [
+                        Result(c.id, c.attempt, "released", now(conn), claim_token=c.claim_token)
+                        for c in unsent], NO_BREAKER)
+                    found += violations(conn)
+                    continue
                 claims = queue.claim_batch(conn, name, rng.randint(1, plan.max_limit),
                                            LEASE_MS)
+                for claim in claims:
+                    running.start(claim, found)
             found += violations(conn)
             if not claims:
+                if held:
+                    continue  # released above, by and by
                 if done.is_set() or not conn.execute("SELECT 1 FROM deliveries LIMIT 1"
                                                      ).fetchone():
                     done.set()
@@ -113,20 +161,44 @@ def claimer(dsn: str, name: str, plan: Plan, seed: int, refills: bool, found: li
             t = now(conn)
             results, reaped = [], []
             wanted: dict[int, int] = {}  # destination -> successes, for the refill
+            ask_spares: dict[int, int] = {}
             for claim in claims:
+                running.end(claim)
                 outcome = rng.choices(OUTCOMES, plan.weights)[0]
                 if outcome == "retry" and claim.attempt >= MAX_ATTEMPTS:
                     outcome = "dead"
                 if outcome == "reaped":
                     reaped.append(claim.id)
                     continue
-                results.append(Result(claim.id, claim.attempt, outcome, t, 1, 500, "x", None,
-                                      t if outcome == "retry" else None))
-                if outcome == "delivered" and claim.max_in_flight is not None:
-                    wanted[claim.destination_id] = wanted.get(claim.destination_id, 0) + 1
+                result = Result(claim.id, claim.attempt, outcome, t, 1, 500, "x", None,
+                                t if outcome == "retry" else None, claim.claim_token)
+                cap = claim.max_in_flight
+                if outcome == "delivered" and cap is not None:
+                    at_hand = held.get(claim.destination_id)
+                    holds = claim.holds_slot or claim.id in handed
+                    if spares and holds and at_hand:
+                        spare = at_hand.pop()
+                        if not at_hand:
+                            del held[claim.destination_id]
+                        running.start(spare, found)
+                        handed.add(spare.id)
+                        pending.append(spare)
+                        result = msgspec.structs.replace(result, slot_to=spare.id,
+                                                         slot_to_token=spare.claim_token)
+                    else:
+                        wanted[claim.destination_id] = wanted.get(claim.destination_id, 0) + 1
+                    if spares:
+                        ask_spares[claim.destination_id] = cap - len(at_hand or ())
+                results.append(result)
             if refills:
                 refilled = queue.record_results_and_refill(conn, name, results, LEASE_MS,
-                                                           wanted, NO_BREAKER)
+                                                           wanted, NO_BREAKER, ask_spares)
+                for claim in refilled:
+                    if claim.holds_slot:
+                        running.start(claim, found)
+                        pending.append(claim)
+                    else:
+                        held.setdefault(claim.destination_id, []).append(claim)
             else:
                 queue.record_results(conn, name, results, NO_BREAKER)
             found += violations(conn)
@@ -156,9 +228,12 @@ def run_plan(dsn: str, conn: psycopg.Connection, plan: Plan) -> list[str]:
                                     for _ in range(plan.events)])
     found: list[str] = []
     done = threading.Event()
+    running = Running(dict(zip(destinations, plan.caps, strict=True)))
     threads = [threading.Thread(target=claimer,
-                                args=(dsn, f"w{n}", plan, seed, refills, found, done))
-               for n, (seed, refills) in enumerate(zip(plan.seeds, plan.refills, strict=True))]
+                                args=(dsn, f"w{n}", plan, seed, refills, spares, running,
+                                      found, done))
+               for n, (seed, refills, spares)
+               in enumerate(zip(plan.seeds, plan.refills, plan.spares, strict=True))]
     watcher = threading.Thread(target=watch, args=(dsn, found, done))
     for thread in [*threads, watcher]:
         thread.start()
@@ -196,8 +271,12 @@ def test_a_cap_set_or_removed_while_deliveries_are_in_flight(
     uncapped = queue.claim_batch(conn, "w", 4, LEASE_MS)
     conn.execute("UPDATE destinations SET max_in_flight = 5 WHERE id = %s", (dest,))
     capped = queue.claim_batch(conn, "w", 10, LEASE_MS)
-    assert len(capped) == 5 and violations(conn) == [f"destination {dest}: 9 in flight"
-                                                     " over its cap 5"]
+    # Nine in flight, five of them holding the cap's slots: the four claimed before the
+    # cap hold none.
+    assert len(capped) == 5 and violations(conn) == []
+    held = conn.execute("SELECT count(*) FROM deliveries WHERE status = 'in_flight'"
+                        " AND holds_slot").fetchone()
+    assert held == (5,)
     t = now(conn)
     finish: Sequence[queue.Claim] = uncapped
     queue.record_results(conn, "w", [Result(c.id, c.attempt, "delivered", t, 1, 200)

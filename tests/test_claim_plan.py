@@ -266,7 +266,7 @@ def test_a_slot_refill_reads_only_the_slots_it_refills(
     tx: psycopg.Connection, mode: str, record_property: Any
 ) -> None:
     """The refill of a capped destination with a deep backlog reads its due deliveries in
-    order and stops at the slots given back, as the capped claim does."""
+    order and stops at the slots given back and the spares, as the capped claim does."""
     tx.execute("UPDATE destinations SET max_in_flight = 5 WHERE id = 1")
     add_burst(tx)  # destination 1 now has 2,100 due deliveries
     tx.execute("ANALYZE deliveries")
@@ -280,12 +280,16 @@ def test_a_slot_refill_reads_only_the_slots_it_refills(
     # destinations whose rows this transaction wrote.
     run_statement(tx, queries.RECORD_RESULTS, queue.record_params("plan-test", results,
                                                                   None, [1]))
-    params = list(queue.refill_params("plan-test", LEASE_MS, {1: 5}))
-    explained = explain(tx, mode, queries.REFILL_SLOTS, "text, int, bigint[], int[]", params)
+    params = list(queue.refill_params("plan-test", LEASE_MS, {1: 5}, {1: 3}))
+    explained = explain(tx, mode, queries.REFILL_SLOTS, "text, int, bigint[], int[], int[]",
+                        params)
     report(record_property, "refill_slots", mode, explained)
-    assert cte(explained, "claimed")["Actual Rows"] == 5
+    assert cte(explained, "claimed")["Actual Rows"] == 5 + 3  # the slots, then the spares
     plan = explained["Plan"]
-    assert not [n for n in nodes(plan) if n["Node Type"] == "Sort"], "sorted the backlog"
+    # The only sort numbers the rows picked (slot takers first), never the backlog.
+    sorted_scans = [s for n in nodes(plan) if n["Node Type"] == "Sort"
+                    for s in nodes(n) if s.get("Relation Name") == "deliveries"]
+    assert not sorted_scans, "sorted the backlog"
     scans = index_scans(plan, "deliveries_destination_idx")
     assert scans and all(s["Node Type"] == "Index Scan" for s in scans), scans
     assert max(s["Actual Rows"] for s in scans) <= 10, "read past the slots refilled"

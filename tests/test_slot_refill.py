@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import psycopg
 import pytest
 
@@ -237,3 +238,41 @@ def test_a_full_claim_after_a_poll_wakes_every_claimer(
         return len(batch.claims), len(notified)
 
     assert asyncio.run(claim()) == (min(limit, 10), woken)
+
+
+def test_spares_come_after_the_slots_and_take_none(conn: psycopg.Connection) -> None:
+    """A refill asked for spares claims them after the slot takers, in due order, for the
+    same worker, and leaves the counter at the slots taken."""
+    destination = capped_backlog(conn, cap=2, events=8)
+    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    refilled = queue.record_results_and_refill(
+        conn, "w", delivered(conn, first), LEASE_MS, {destination: 2}, spares={destination: 3})
+    takers = [c for c in refilled if c.holds_slot]
+    spares = [c for c in refilled if not c.holds_slot]
+    assert len(takers) == 2 and len(spares) == 3
+    assert max(c.id for c in takers) < min(c.id for c in spares)
+    assert not any(c.fills_cap for c in spares)
+    assert holding(conn, destination, "w") == sorted(c.id for c in takers)
+    assert slot_counter(conn, destination) == 2
+    in_flight = conn.execute("SELECT count(*) FROM deliveries WHERE destination_id = %s"
+                             " AND status = 'in_flight' AND locked_by = 'w'",
+                             (destination,)).fetchone()
+    assert in_flight == (5,)
+
+
+def test_a_success_hands_its_slot_on_to_a_spare(conn: psycopg.Connection) -> None:
+    """The spare takes the slot (the counter stays), unless its own result is in the same
+    batch: then the source's slot is freed and the spare gives back none."""
+    destination = capped_backlog(conn, cap=2, events=8)
+    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    spares = queue.record_results_and_refill(conn, "w", [], LEASE_MS, {}, spares={destination: 2})
+    assert len(spares) == 2 and not any(c.holds_slot for c in spares)
+    handing = [msgspec.structs.replace(r, slot_to=s.id, slot_to_token=s.claim_token)
+               for r, s in zip(delivered(conn, first), spares, strict=True)]
+    queue.record_results(conn, "w", handing[:1])
+    assert holding(conn, destination, "w") == sorted([first[1].id, spares[0].id])
+    assert slot_counter(conn, destination) == 2
+    # The second spare answered too, in the same batch as the result handing to it.
+    queue.record_results(conn, "w", [handing[1], *delivered(conn, spares[1:])])
+    assert holding(conn, destination, "w") == [spares[0].id]
+    assert slot_counter(conn, destination) == 1

@@ -257,7 +257,8 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
        c.claim_token,
        -- Full after this claim (`dest` is the row as the statement began, before
        -- slots_taken): the worker then gives these slots back within milliseconds.
-       coalesce(dest.in_flight + taken.n >= dest.max_in_flight, false) AS fills_cap
+       coalesce(dest.in_flight + taken.n >= dest.max_in_flight, false) AS fills_cap,
+       c.holds_slot
   FROM claimed c
   JOIN destinations dest ON dest.id = c.destination_id
   JOIN events ev ON ev.id = c.event_id

@@ -4,7 +4,8 @@
 --      the worker claimed), outcome ('delivered' | 'retry' | 'dead' | 'gone' (410: retry
 --      later and disable the destination) | 'released' (never sent: back to pending,
 --      attempt undone)), started_at, duration_ms, status_code, error, body and
---      next_attempt_at (retry and gone), claim_token (from the claim; see below)
+--      next_attempt_at (retry and gone), claim_token (from the claim; see below), and
+--      for a success that handed its capped slot on, slot_to and slot_to_token (below)
 --   $3 breaker threshold int, $4 breaker base pause ms int, $5 breaker max pause ms int
 --   $6 advisory lock class int (the key space of "updating this destination's breaker")
 --   $7 notification channel text: the one idle workers LISTEN on (engine.queries)
@@ -34,10 +35,10 @@ WITH result AS (
                       AS (id bigint, attempt smallint, outcome text,
                           next_attempt_at timestamptz, started_at timestamptz,
                           duration_ms int, status_code smallint, error text, body text,
-                          claim_token bigint))
+                          claim_token bigint, slot_to bigint, slot_to_token bigint))
            WITH ORDINALITY
            AS r(id, attempt, outcome, next_attempt_at, started_at, duration_ms,
-                status_code, error, body, claim_token, ord)
+                status_code, error, body, claim_token, slot_to, slot_to_token, ord)
 ), finished AS (
     DELETE FROM deliveries d
      USING result r
@@ -46,6 +47,25 @@ WITH result AS (
        AND d.claim_token IS NOT DISTINCT FROM coalesce(r.claim_token, d.claim_token)
        AND r.outcome IN ('delivered', 'dead')
  RETURNING d.*, r.outcome, r.error
+), handed AS (
+    -- A success that handed its slot under max_in_flight straight on to a spare claim of
+    -- the same destination (refill_slots.sql claims spares; engine/worker/loop.py sends
+    -- one the moment an answer frees a slot, docs/decisions/0017). The slot changes rows,
+    -- the counter stays as it is: the spare now holds it, and its own result gives it
+    -- back. Only from a row that held a slot, to a spare of the same worker's current
+    -- claim that holds none, and not to one whose own result is in this batch (both
+    -- are done: the source's slot is simply freed). Whatever is not handed on here is
+    -- freed as usual (slots_freed), so a refused handover never leaks a slot.
+    UPDATE deliveries t
+       SET holds_slot = true
+      FROM finished f
+      JOIN result r ON r.id = f.id
+     WHERE f.holds_slot AND f.outcome = 'delivered'
+       AND t.id = r.slot_to AND t.claim_token = r.slot_to_token
+       AND t.locked_by = $1 AND t.destination_id = f.destination_id
+       AND NOT t.holds_slot
+       AND t.id NOT IN (SELECT id FROM result)
+ RETURNING t.destination_id
 ), archived AS (
     INSERT INTO finished_deliveries
            (id, event_id, destination_id, status, attempt, next_attempt_at,
@@ -134,11 +154,13 @@ WITH result AS (
      GROUP BY destination_id
 ), slots_freed AS (
     -- Every applied result gives back the slot its claim took under the destination's
-    -- max_in_flight (claim_batch.sql), 'released' included.
-    SELECT destination_id, count(*) AS n
-      FROM (SELECT destination_id FROM finished WHERE holds_slot
+    -- max_in_flight (claim_batch.sql), 'released' included, unless it handed it on.
+    SELECT destination_id, sum(n) AS n
+      FROM (SELECT destination_id, 1 AS n FROM finished WHERE holds_slot
             UNION ALL
-            SELECT destination_id FROM requeued WHERE holds_slot) f
+            SELECT destination_id, 1 FROM requeued WHERE holds_slot
+            UNION ALL
+            SELECT destination_id, -1 FROM handed) f
      GROUP BY destination_id
 ), serialized AS MATERIALIZED (
     -- The destinations whose breaker or slot counter this batch updates, each under a

@@ -1,9 +1,10 @@
 -- refill_slots: hand the slots a worker's successful results just gave back under capped
 -- destinations' max_in_flight straight back to it, with their next due deliveries, in the
--- transaction of record_results.sql (the statement before this one).
+-- transaction of record_results.sql (the statement before this one), and claim spares.
 --   $1 worker_id text, $2 lease_ms int,
 --   $3 destination ids bigint[], $4 slots int[]: at most this many for each (the
---      successes of that destination in the batch)
+--      successes of that destination in the batch), $5 spares int[]: and this many more
+--      that take no slot
 --
 -- Why: with a binding cap, a freed slot otherwise waited for the result write to commit,
 -- its notification, the claim loop's wake-up and a claim that locks the destination again
@@ -12,27 +13,39 @@
 -- answer's own write claims the next delivery: one round trip, no wake-up.
 --
 -- Exact across processes and hosts as the claim is (lock_capped_destinations.sql): only
--- destinations whose advisory lock this transaction holds from record_results.sql are
--- refilled, and this statement's snapshot is taken after that lock, so `in_flight` is
+-- destinations whose advisory lock this transaction holds from record_results.sql get
+-- slots, and this statement's snapshot is taken after that lock, so `in_flight` is
 -- the counter as the previous holder committed it and nobody changes it until we commit.
 -- Which ones those are: the rows record_results.sql's `breaker` UPDATE wrote, which are
 -- exactly those it locked; a row this transaction wrote has our transaction id as xmin.
 -- (xmin is a 32-bit xid, pg_current_xact_id() its 64-bit form: compared modulo 2^32.)
 -- A result that changed nothing (reaped or released meanwhile) took no lock, and its
--- destination is not refilled: the claim loop takes it as before.
+-- destination gets no slot here: the claim loop takes it as before.
+--
+-- Spares (holds_slot false) are claimed deliveries the worker does not send yet: when
+-- one of its requests to that destination is answered with a success, it sends a spare
+-- at once, and the result hands the slot on to it (record_results.sql, `handed`). They
+-- need no lock, since they leave the counter alone, and they come after the slot
+-- takers in due order (`numbered`). FOR UPDATE is not allowed beside a window function,
+-- so the rows are numbered outside the locking scan.
 --
 -- Only healthy destinations: the breaker closed (this snapshot sees what the batch did to
 -- it), not disabled, paused or deleted, and not rate-limited (their sends are booked by
 -- take_rate_tokens.sql in the claim). Ordering keys are kept as in claim_batch.sql.
 WITH wanted AS (
-    SELECT w.destination_id, w.slots
-      FROM unnest($3::bigint[], $4::int[]) AS w(destination_id, slots)
+    SELECT w.destination_id, w.slots, w.spares
+      FROM unnest($3::bigint[], $4::int[], $5::int[]) AS w(destination_id, slots, spares)
 ), picked AS (
-    SELECT c.id
+    SELECT c.id, c.next_attempt_at, dest.id AS destination_id, room.n AS room
       FROM wanted w
       JOIN destinations dest ON dest.id = w.destination_id
      CROSS JOIN LATERAL (
-           SELECT d.id FROM deliveries d
+           SELECT CASE WHEN dest.xmin::text
+                            = (pg_current_xact_id()::text::numeric % 4294967296)::text
+                       THEN greatest(0, least(w.slots, dest.max_in_flight - dest.in_flight))
+                       ELSE 0 END AS n) room
+     CROSS JOIN LATERAL (
+           SELECT d.id, d.next_attempt_at FROM deliveries d
             WHERE d.destination_id = dest.id
               AND d.status = 'pending'
               AND d.next_attempt_at <= now()
@@ -42,13 +55,16 @@ WITH wanted AS (
                        AND e.ordering_key = d.ordering_key
                        AND e.id < d.id))
             ORDER BY d.next_attempt_at
-            LIMIT greatest(0, least(w.slots, dest.max_in_flight - dest.in_flight))
+            LIMIT room.n + greatest(0, w.spares)
               FOR UPDATE OF d SKIP LOCKED) c
-     WHERE dest.xmin::text = (pg_current_xact_id()::text::numeric % 4294967296)::text
-       AND dest.max_in_flight IS NOT NULL
+     WHERE dest.max_in_flight IS NOT NULL
        AND dest.rate_limit IS NULL
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
+), numbered AS (
+    SELECT id, row_number() OVER (PARTITION BY destination_id
+                                  ORDER BY next_attempt_at, id) <= room AS takes_slot
+      FROM picked
 ), claimed AS (
     UPDATE deliveries d
        SET status = 'in_flight',
@@ -56,16 +72,17 @@ WITH wanted AS (
            locked_by = $1,
            locked_until = clock_timestamp() + make_interval(secs => $2 / 1000.0),
            claim_token = (SELECT nextval('claim_token_seq')),
-           holds_slot = true
+           holds_slot = d.id = ANY (ARRAY(SELECT id FROM numbered WHERE takes_slot))
      WHERE d.id = ANY (ARRAY(SELECT id FROM picked))
- RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.claim_token
+ RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.claim_token, d.holds_slot
 ), taken AS (
-    SELECT destination_id, count(*) AS n FROM claimed GROUP BY destination_id
+    SELECT destination_id, count(*) FILTER (WHERE holds_slot) AS n
+      FROM claimed GROUP BY destination_id
 ), slots_taken AS (
     UPDATE destinations dest
        SET in_flight = dest.in_flight + t.n
       FROM taken t
-     WHERE dest.id = t.destination_id
+     WHERE dest.id = t.destination_id AND t.n > 0
 )
 -- The columns of claim_batch.sql, in its order (engine.domain.Claim).
 SELECT c.id, c.event_id, c.destination_id, c.attempt,
@@ -75,7 +92,8 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
             ELSE ARRAY[dest.secret] END AS secrets,
        ev.payload, dest.max_in_flight, dest.headers, dest.retry_schedule, dest.rate_limit,
        c.claim_token,
-       dest.in_flight + t.n >= dest.max_in_flight AS fills_cap
+       c.holds_slot AND dest.in_flight + t.n >= dest.max_in_flight AS fills_cap,
+       c.holds_slot
   FROM claimed c
   JOIN taken t ON t.destination_id = c.destination_id
   JOIN destinations dest ON dest.id = c.destination_id

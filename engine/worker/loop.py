@@ -16,6 +16,7 @@ import signal
 import time
 from functools import partial
 
+import msgspec
 import psycopg
 import uvloop
 from psycopg.errors import IdleInTransactionSessionTimeout
@@ -33,7 +34,7 @@ from engine.worker import outcome
 from engine.worker.claim_policy import ClaimPolicy, claim_outlived_lease
 from engine.worker.connection import RECONNECT_DELAY_S, DatabaseGone, connect
 from engine.worker.recorder import ResultRecorder
-from engine.worker.slots import DestinationSlots, Waiting, take_overstayed
+from engine.worker.slots import DestinationSlots, Waiting, overstayed, take_overstayed
 
 # A woken worker claims this much later (see _wait_for_work and
 # docs/decisions/0005-notify-gather-20ms.md).
@@ -46,6 +47,8 @@ IDLE_SLICE_S = 0.25  # an idle claimer looks at the drain flag this often
 # --max-in-flight 1024), waiting for the poll instead held the drain to ~1,000/s.
 LEFT_OUT_SLICE_S = 0.02
 SWEEP_INTERVAL_S = 1.0
+# A capped destination gets spare claims (_hand_over) once its answers take this long.
+SPARES_ANSWER_MS = 20
 
 
 def message_id(event_id: int) -> str:
@@ -75,6 +78,8 @@ class DeliveryWorker:
         self.paced = SendSchedule(self._send_paced)
         self.answered = 0  # requests answered so far
         self.destinations: dict[int, DestinationSlots] = {}
+        # Spares sent in a slot an answer handed on (_hand_over), until their own answer.
+        self.handed_to: set[int] = set()
         # A flush gave capped destinations' slots back: the notification it causes is
         # answered by a claim at once, without the gathering pause (_wait_for_work).
         self.slots_returned = False
@@ -91,7 +96,7 @@ class DeliveryWorker:
         self.recorder = ResultRecorder(
             self.worker, breaker, settings.lease_ms, partial(self._connect, listen=False),
             self.outage,
-            self._give_up_after_drain_deadline, self._recorded,
+            self._give_up_after_drain_deadline, self._recorded, self._spares_wanted,
         )
 
     @property
@@ -368,27 +373,80 @@ class DeliveryWorker:
             else:
                 self.policy.no_answer(claim.destination_id, response.duration_ms / 1000)
             result = outcome.response_result(claim, response, self.settings.retry_schedule)
-        # A success that gives back a slot of a small cap it filled: the write claims the
-        # next delivery for that slot (recorder.py). Small: at most the free slots that
-        # wake the claim loop (policy.threshold), so that its freed slots alone may never
-        # wake a claim. A large cap frees enough slots at once for the claim to refill
-        # them, and refilling it through the writes cost more than it saved (drain-slow
-        # --cap 2000, 2 x 1,024 slots, stock PostgreSQL 15: 5,200/s with the refill,
-        # 9,600 without, 2026-12-02). Not for a failure: the breaker decides what a
-        # failing destination gets, through the claim. Not for one whose answers are
+        # A success that gives back a slot of a small cap it filled: its slot goes at once
+        # to a spare claim of the same destination if the worker holds one (_hand_over),
+        # else the write claims the next delivery for that slot (recorder.py); either
+        # way the write claims spares for the next answers. Small: at most the free
+        # slots that wake the claim loop (policy.threshold), so that its freed slots alone
+        # may never wake a claim. A large cap frees enough slots at once for the claim to
+        # refill them, and refilling it through the writes cost more than it saved
+        # (drain-slow --cap 2000, 2 x 1,024 slots, stock PostgreSQL 15: 5,200/s with the
+        # refill, 9,600 without, 2026-12-02). Not for a failure: the breaker decides what
+        # a failing destination gets, through the claim. Not for one whose answers are
         # slow: the claim policy keeps those to their share.
+        handed = claim.id in self.handed_to
+        if handed:
+            self.handed_to.discard(claim.id)
         cap = claim.max_in_flight
-        refill = (claim.destination_id
-                  if claim.fills_cap and cap is not None and cap <= self.policy.threshold
-                  and result.outcome == "delivered" and not self.stopping
-                  and claim.destination_id not in self.policy.slow
-                  else None)
+        destination = claim.destination_id
+        refill = None
+        if ((claim.fills_cap or handed) and cap is not None and cap <= self.policy.threshold
+                and result.outcome == "delivered" and not self.stopping
+                and destination not in self.policy.slow):
+            spare = self._hand_over(slots)
+            if spare is None:
+                refill = destination
+            elif not (handed and self.recorder.pass_on(claim.id, spare)):
+                # (If this claim's own slot is still in a result waiting to be written,
+                # pass_on handed it to the spare there: this claim never held it.)
+                result = msgspec.structs.replace(result, slot_to=spare.id,
+                                                 slot_to_token=spare.claim_token)
+            # Spares only for a destination whose answers take long enough for the write
+            # to matter: for one answering in a millisecond, spares cost more writes than
+            # they save (bench many-destinations, decision 0017).
+            spares_for: tuple[int, int] | None = (
+                (destination, cap)
+                if response is not None and response.duration_ms >= SPARES_ANSWER_MS
+                else None)
+        else:
+            spares_for = None
         try:
-            self.recorder.add(result, returns_slot=claim.fills_cap, refill_destination=refill)
+            self.recorder.add(result, returns_slot=claim.fills_cap or handed,
+                              refill_destination=refill, spares_for=spares_for)
         finally:
             # Whatever went wrong above, the slot is free: a fault here must not shrink
             # the worker's capacity for good (the http client logs it as a fault).
-            self._finished(slots, claim.destination_id)
+            self._finished(slots, destination)
+
+    def _hand_over(self, slots: DestinationSlots) -> Claim | None:
+        """Send a spare of this destination in the slot an answer just freed, if the
+        worker holds one whose lease still covers it; the answer's result hands the slot
+        on to it (record_results.sql, `handed`). The request starts within the same turn
+        of the event loop: a freed slot otherwise stood empty for a write's round trip
+        (bench capped-slow, decision 0017)."""
+        spares = slots.spares
+        now = time.monotonic()
+        while spares:
+            spare, since = spares.popleft()
+            if overstayed(spare, since, now, self.settings.lease_ms):
+                self._release(spare)
+                continue
+            self.handed_to.add(spare.id)
+            self._start(spare, slots)
+            return spare
+        return None
+
+    def _spares_wanted(self, caps: dict[int, int]) -> dict[int, int]:
+        """How many spares the write is to claim for each destination (id -> its cap):
+        one per slot of its cap, less those the worker holds (recorder.py asks as it
+        flushes). A destination all of whose requests were answered at once has none
+        running now; the write's refill starts them again."""
+        wanted = {}
+        for destination, cap in caps.items():
+            slots = self.destinations.get(destination)
+            held = len(slots.spares) if slots is not None else 0
+            wanted[destination] = 0 if self.stopping else max(0, cap - held)
+        return wanted
 
     def _finished(self, slots: DestinationSlots, destination_id: int) -> None:
         slots.active -= 1
@@ -397,6 +455,11 @@ class DeliveryWorker:
             claim, _ = slots.waiting.popleft()
             self._start(claim, slots)
         elif slots.active == 0 and not slots.waiting:
+            # Spares can only be sent in a slot an answer frees: with nothing running
+            # there is none to come (a failure, a slow answer, the drain).
+            while slots.spares:
+                spare, _ = slots.spares.popleft()
+                self._release(spare)
             self.destinations.pop(destination_id, None)
         ready = self.ready
         while ready and self.sending < self.capacity and not self.stopping:
@@ -406,8 +469,10 @@ class DeliveryWorker:
             self.room.set()
 
     def _waiting_queues(self) -> list[Waiting]:
-        """Claims not yet sent: waiting for any free slot, or for their destination's."""
-        return [self.ready, *(slots.waiting for slots in self.destinations.values())]
+        """Claims not yet sent: waiting for any free slot, or for their destination's, and
+        spares."""
+        return [self.ready, *(slots.waiting for slots in self.destinations.values()),
+                *(slots.spares for slots in self.destinations.values())]
 
     def _release(self, claim: Claim) -> None:
         """Give back a claim that was never sent: the attempt is undone."""
@@ -426,23 +491,36 @@ class DeliveryWorker:
 
     # Recording
 
-    def _recorded(self, batch: list[Result], returned_slots: bool, refilled: list[Claim],
-                  took_s: float) -> None:
-        """A batch is in the database: send the claims that refilled its slots, wake the
-        claim loop (and tell it whether slots of capped destinations came back), note
-        when retries fall due, count."""
+    def _recorded(self, batch: list[Result], returned_slots: bool,
+                  refilled: list[Claim], took_s: float) -> None:
+        """A batch is in the database: send the claims that refilled its slots, keep the
+        spares, wake the claim loop (and tell it whether slots of capped destinations came
+        back), note when retries fall due, count."""
         if refilled:
             if self.stopping or self._claim_outlived_lease(took_s):
                 for claim in refilled:
                     self.held += 1
                     self._release(claim)
             else:
-                self._dispatch(refilled)
+                self._dispatch([c for c in refilled if c.holds_slot])
+                self._keep_spares([c for c in refilled if not c.holds_slot])
         self.slots_returned = self.slots_returned or returned_slots
         self.policy.retries_recorded(batch)
         count_results(self.metrics, batch)
         self.metrics.in_flight.set(self.sending)
         self.room.set()
+
+    def _keep_spares(self, spares: list[Claim]) -> None:
+        """Hold spares until an answer of their destination frees a slot (_hand_over);
+        those of a destination with nothing running go back at once."""
+        now = time.monotonic()
+        for spare in spares:
+            self.held += 1
+            slots = self.destinations.get(spare.destination_id)
+            if slots is None or slots.active == 0:
+                self._release(spare)
+            else:
+                slots.spares.append((spare, now))
 
 
 # Open files a worker needs beyond one socket per slot: its database connections, the

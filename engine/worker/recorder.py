@@ -3,7 +3,7 @@
 A batch is flushed when FLUSH_SIZE results wait, or FLUSH_INTERVAL_S after the first of
 them (SLOT_FLUSH_INTERVAL_S when one gives a capped destination's slot back). The write
 of a batch with successes that give such slots back also claims the next deliveries for
-those slots (refill_slots.sql), handed to the worker with the batch. Recording
+those slots and spares (refill_slots.sql), handed to the worker with the batch. Recording
 retries through database outages: outcomes are not dropped (if this process dies
 meanwhile, the supervisor or the reaper returns the claims). Backpressure: the claim
 policy claims nothing while `unrecorded` reaches its limit, so a slow database slows the
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import msgspec
 import psycopg
 
 from engine import queue_async
@@ -40,14 +41,17 @@ class ResultRecorder:
 
     `on_recorded(batch, returned_slots, refilled, took_s)` is called after each batch is
     written; `returned_slots` says whether it gave capped destinations' slots back,
-    `refilled` are the claims that took them again, and `took_s` how long the write
-    took (the claims' leases ran meanwhile)."""
+    `refilled` has the claims that took them again and the spares, and `took_s` how
+    long the write took (the claims' leases ran meanwhile). `spares_wanted(caps)` says
+    how many spares to claim for each destination whose results asked for them (id ->
+    its max_in_flight)."""
 
     def __init__(
         self, worker: str, breaker: BreakerSettings, lease_ms: int,
         connect: Callable[[], Awaitable[psycopg.AsyncConnection]], outage: Outage,
         give_up: Callable[[], None],
         on_recorded: Callable[[list[Result], bool, list[Claim], float], None],
+        spares_wanted: Callable[[dict[int, int]], dict[int, int]],
     ) -> None:
         self.worker = worker
         self.breaker = breaker
@@ -56,6 +60,7 @@ class ResultRecorder:
         self.outage = outage
         self.give_up = give_up  # raises DatabaseGone after the drain deadline
         self.on_recorded = on_recorded
+        self.spares_wanted = spares_wanted
         self.results: list[Result] = []
         self.flushing = 0  # results of the batch being written
         self.flush_wanted = asyncio.Event()
@@ -69,6 +74,10 @@ class ResultRecorder:
         self.slot_results = 0  # results waiting that give a capped destination's slot back
         # Of those, the successes: destination id -> slots the write is to refill.
         self.refill: dict[int, int] = {}
+        # Destinations whose results asked for spares: id -> max_in_flight.
+        self.spares_for: dict[int, int] = {}
+        # Results waiting that hand their slot on: the spare's id -> the result's index.
+        self.handing: dict[int, int] = {}
         self.closing = False
 
     async def open(self) -> None:
@@ -80,15 +89,21 @@ class ResultRecorder:
         return len(self.results) + self.flushing
 
     def add(self, result: Result, *, returns_slot: bool = False,
-            refill_destination: int | None = None) -> None:
+            refill_destination: int | None = None,
+            spares_for: tuple[int, int] | None = None) -> None:
         """`refill_destination`: the result gives back a slot of this capped destination
         that the write may claim again for this worker (a success, the worker not
-        draining)."""
+        draining). `spares_for`: the write is to claim spares for this destination
+        (its id and max_in_flight)."""
         results = self.results
+        if result.slot_to is not None:
+            self.handing[result.slot_to] = len(results)
         results.append(result)
         if refill_destination is not None:
             refill = self.refill
             refill[refill_destination] = refill.get(refill_destination, 0) + 1
+        if spares_for is not None:
+            self.spares_for[spares_for[0]] = spares_for[1]
         if len(results) >= FLUSH_SIZE:
             self.flush_wanted.set()
             return
@@ -101,6 +116,23 @@ class ResultRecorder:
                 timer.cancel()
             self.flush_timer = self.loop.call_at(due, self.flush_wanted.set)
             self.flush_due = due
+
+    def pass_on(self, spare_id: int, to: Claim) -> bool:
+        """The spare `spare_id` was answered and hands its slot on to `to`, another spare.
+        If the result that handed the slot to it is still waiting here, that result
+        hands it to `to` instead, and True is returned: in one statement a chain of
+        handovers cannot apply (the spare's row does not hold the slot until the
+        statement is done), and the spare, answered, needs no slot. Otherwise that
+        result is being written or was, and comes first: the spare's own result hands
+        the slot on (record_results.sql refuses it if the spare never got it)."""
+        index = self.handing.pop(spare_id, None)
+        if index is None:
+            return False
+        results = self.results
+        results[index] = msgspec.structs.replace(results[index], slot_to=to.id,
+                                                 slot_to_token=to.claim_token)
+        self.handing[to.id] = index
+        return True
 
     def close(self) -> None:
         """Record what is left and end `run` (the worker is draining)."""
@@ -119,18 +151,22 @@ class ResultRecorder:
                 batch, self.results = self.results, []
                 returned_slots, self.slot_results = self.slot_results, 0
                 refill, self.refill = self.refill, {}
+                spares_for, self.spares_for = self.spares_for, {}
+                self.handing = {}
+                spares = self.spares_wanted(spares_for) if spares_for else {}
                 self.flushing = len(batch)
                 started = self.loop.time()
-                refilled = await self._record(batch, refill)
+                refilled = await self._record(batch, refill, spares)
                 self.flushing = 0
                 self.on_recorded(batch, returned_slots > 0, refilled,
                                  self.loop.time() - started)
             elif self.closing:
                 return
 
-    async def _record(self, batch: list[Result], refill: dict[int, int]) -> list[Claim]:
-        """Record one batch (and refill the slots it gives back), retrying through
-        database outages; returns the refilled claims."""
+    async def _record(self, batch: list[Result], refill: dict[int, int],
+                      spares: dict[int, int]) -> list[Claim]:
+        """Record one batch (and refill the slots it gives back, and claim spares),
+        retrying through database outages."""
         while True:
             if closed_by_server(self.conn):
                 # Idle through a database restart: reconnect before use, not after a failure
@@ -139,9 +175,10 @@ class ResultRecorder:
                 self.conn = await self.connect()
             try:
                 refilled: list[Claim] = []
-                if refill and not self.closing:
+                if (refill or spares) and not self.closing:
                     refilled = await queue_async.record_results_and_refill(
-                        self.conn, self.worker, batch, self.lease_ms, refill, self.breaker)
+                        self.conn, self.worker, batch, self.lease_ms, refill, self.breaker,
+                        spares)
                 else:
                     await queue_async.record_results(self.conn, self.worker, batch,
                                                      self.breaker)

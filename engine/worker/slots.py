@@ -20,14 +20,17 @@ Waiting = deque[tuple[Claim, float]]
 
 
 class DestinationSlots:
-    """Local per-destination concurrency: requests running and claims waiting for a slot."""
+    """Local per-destination concurrency: requests running, claims waiting for a slot,
+    and spares: claims that hold no slot under max_in_flight until an answer hands them
+    one (refill_slots.sql; DeliveryWorker._hand_over)."""
 
-    __slots__ = ("active", "cap", "started", "waiting")
+    __slots__ = ("active", "cap", "spares", "started", "waiting")
 
     def __init__(self) -> None:
         self.active = 0
         self.cap: int | None = None
         self.waiting: Waiting = deque()
+        self.spares: Waiting = deque()
         self.started: dict[int, float] = {}  # delivery id -> when its request began
 
     def piling_up(self, share: int, now: float, answered_at: float | None,
@@ -44,16 +47,20 @@ class DestinationSlots:
         return slow or answered_at is None or now - answered_at > SLOW_REQUEST_S
 
 
+def overstayed(claim: Claim, since: float, now: float, lease_ms: int) -> bool:
+    """Waited too long for its lease to still cover its request."""
+    return (now - since) * 1000 >= lease_ms - claim.timeout_ms - LEASE_SAFETY_MS
+
+
 def take_overstayed(queues: Iterable[Waiting], now: float, lease_ms: int) -> list[Claim]:
     """Remove and return the claims that waited too long for their lease to still cover
     their request (each queue is in claiming order: the oldest first)."""
-    overstayed: list[Claim] = []
+    found: list[Claim] = []
     for waiting in queues:
         while waiting:
             claim, since = waiting[0]
-            allowed_ms = lease_ms - claim.timeout_ms - LEASE_SAFETY_MS
-            if (now - since) * 1000 < allowed_ms:
+            if not overstayed(claim, since, now, lease_ms):
                 break
             waiting.popleft()
-            overstayed.append(claim)
-    return overstayed
+            found.append(claim)
+    return found
