@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -15,10 +16,14 @@ import uvloop
 from standardwebhooks import Webhook
 
 from engine.config import load_settings
+from engine.http_pools import CurlPools
+from engine.http_transfer import HttpResult
 from engine.queue import Claim
 from engine.signing import generate_secret
 from engine.testing.fakedest import FakeDestination
 from engine.worker import DeliveryWorker, outcome
+from engine.worker.loop import SPARES_PER_SLOT
+from engine.worker.recorder import FLUSH_INTERVAL_S, SLOT_FLUSH_INTERVAL_S
 from engine.worker.slots import DestinationSlots
 from tests.kit.data import add_destination, count, enqueue, finished
 from tests.kit.enginerun import Engine, wait_until
@@ -331,3 +336,52 @@ def test_children_drain_by_themselves_when_the_supervisor_is_killed(
     assert count(conn, "SELECT count(*) FROM deliveries WHERE status = 'in_flight'") == 0
     assert finished(conn, slow) + count(conn, "SELECT count(*) FROM deliveries") == 50
 
+
+
+def test_an_answer_that_hands_its_slot_to_a_spare_waits_for_the_usual_flush() -> None:
+    """A success of a small cap's claim with a spare of its destination at hand starts the
+    spare at once (a real POST, to a real fake destination) and names it in its result;
+    the slot stays taken in the database, so the result waits for the usual flush instead
+    of being written at once, and the write asks for SPARES_PER_SLOT x cap spares, less
+    those held. Without a spare, the result gives its slot back and is flushed at once,
+    for the write to refill the slot."""
+    cap = 5
+
+    def capped(i: int, url: str, **kw: bool) -> Claim:
+        return Claim(i, i, 7, 1, url, 5000, [generate_secret()], "{}", max_in_flight=cap,
+                     claim_token=100 + i, **kw)
+
+    async def scenario(url: str) -> tuple[DeliveryWorker, float, float]:
+        worker = DeliveryWorker(
+            load_settings(retry_schedule="1s", allow_private_targets=True), "postgresql://unused")
+        loop = worker.loop = worker.recorder.loop = asyncio.get_running_loop()
+        worker.room = asyncio.Event()
+        worker.http_idle = asyncio.Event()
+        worker.http = CurlPools(worker.capacity)
+        slots = worker.destinations[7] = DestinationSlots()
+        answered = HttpResult(200, b"{}", None, 100.0, None, 0.0)
+        source, spare = capped(1, url, fills_cap=True, holds_slot=True), capped(2, url)
+        slots.active = 1
+        slots.spares.append((spare, time.monotonic()))
+        worker.held = worker.sending = 2
+        worker._on_response(source, slots, answered)
+        handed_flush = worker.recorder.flush_due - loop.time()
+        assert worker.handed_to == {spare.id} and slots.active == 1
+        assert worker.results[-1].slot_to == spare.id
+        assert worker.recorder.slot_results == 0
+        assert worker._spares_wanted({7: cap}) == {7: SPARES_PER_SLOT * cap}
+        # No spare left: the next success gives its slot back for the write to refill.
+        other = capped(3, url, fills_cap=True, holds_slot=True)
+        slots.active += 1
+        worker._on_response(other, slots, answered)
+        given_back_flush = worker.recorder.flush_due - loop.time()
+        assert worker.recorder.refill == {7: 1} and worker.recorder.slot_results == 1
+        await asyncio.wait_for(worker.http_idle.wait(), 10)  # the spare's own answer
+        await worker.http.close()
+        return worker, handed_flush, given_back_flush
+
+    with FakeDestination() as fake:
+        _, handed_flush, given_back_flush = uvloop.run(scenario(fake.url("fast/spares")))
+        wait_until(lambda: fake.name_stats("spares").get("requests") == 1, 10, "the spare")
+    assert FLUSH_INTERVAL_S / 2 < handed_flush <= FLUSH_INTERVAL_S + 1e-6
+    assert given_back_flush <= SLOT_FLUSH_INTERVAL_S

@@ -49,6 +49,14 @@ LEFT_OUT_SLICE_S = 0.02
 SWEEP_INTERVAL_S = 1.0
 # A capped destination gets spare claims (_hand_over) once its answers take this long.
 SPARES_ANSWER_MS = 20
+# Spares a worker keeps per slot of such a cap: two, so that those at hand outlast the
+# usual 50 ms flush that brings the next ones. A destination's slots tend to answer
+# together (they started together), and with one spare per slot a burst used them all;
+# then its answers' results had to be written at once, 34 per write. With two, the
+# handing results wait for the usual flush (~80 per write): PostgreSQL's CPU per
+# delivery fell from ~126 to ~95 us and the drain rose ~6 % (bench capped-slow, stock
+# PostgreSQL 15, 2026-12-04, docs/decisions/0017).
+SPARES_PER_SLOT = 2
 
 
 def message_id(event_id: int) -> str:
@@ -390,10 +398,12 @@ class DeliveryWorker:
         cap = claim.max_in_flight
         destination = claim.destination_id
         refill = None
+        handed_on = False  # this answer's slot went straight to a spare
         if ((claim.fills_cap or handed) and cap is not None and cap <= self.policy.threshold
                 and result.outcome == "delivered" and not self.stopping
                 and destination not in self.policy.slow):
             spare = self._hand_over(slots)
+            handed_on = spare is not None
             if spare is None:
                 refill = destination
             elif not (handed and self.recorder.pass_on(claim.id, spare)):
@@ -410,8 +420,10 @@ class DeliveryWorker:
                 else None)
         else:
             spares_for = None
+        # A slot handed on stays taken in the database: nothing waits for this write, and
+        # it goes with the usual flush. A slot given back is written at once (recorder.py).
         try:
-            self.recorder.add(result, returns_slot=claim.fills_cap or handed,
+            self.recorder.add(result, returns_slot=(claim.fills_cap or handed) and not handed_on,
                               refill_destination=refill, spares_for=spares_for)
         finally:
             # Whatever went wrong above, the slot is free: a fault here must not shrink
@@ -438,14 +450,14 @@ class DeliveryWorker:
 
     def _spares_wanted(self, caps: dict[int, int]) -> dict[int, int]:
         """How many spares the write is to claim for each destination (id -> its cap):
-        one per slot of its cap, less those the worker holds (recorder.py asks as it
-        flushes). A destination all of whose requests were answered at once has none
-        running now; the write's refill starts them again."""
+        SPARES_PER_SLOT per slot of its cap, less those the worker holds (recorder.py asks
+        as it flushes). A destination all of whose requests were answered at once has
+        none running now; the write's refill starts them again."""
         wanted = {}
         for destination, cap in caps.items():
             slots = self.destinations.get(destination)
             held = len(slots.spares) if slots is not None else 0
-            wanted[destination] = 0 if self.stopping else max(0, cap - held)
+            wanted[destination] = 0 if self.stopping else max(0, SPARES_PER_SLOT * cap - held)
         return wanted
 
     def _finished(self, slots: DestinationSlots, destination_id: int) -> None:
