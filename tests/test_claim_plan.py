@@ -374,3 +374,35 @@ def test_a_claim_with_only_capped_work_skips_the_plain_scans(
         read = sum(s["Actual Rows"] * s["Actual Loops"]
                    for s in index_scans(cte(explained, branch), "deliveries_claimable_idx"))
         assert read == 0, f"{branch} walked {read} rows of capped destinations"
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+@pytest.mark.parametrize("situation", ["analyzed", "stale_statistics"])
+def test_locking_capped_destinations_probes_each_one_not_the_backlog(
+    tx: psycopg.Connection, mode: str, situation: str, record_property: Any
+) -> None:
+    """The first statement of every claim, every destination capped, one with 2,100
+    deliveries due and the others with work due only later: it looks for one due
+    delivery per capped destination with room, by its index, instead of reading the due
+    backlog to learn which destinations have any (19,500 rows and 11 ms per claim in
+    bench many-destinations; 26 ms in capped-slow, 2026-12-04)."""
+    tx.execute("UPDATE destinations SET max_in_flight = 5")
+    add_burst(tx)
+    later = "UPDATE deliveries SET next_attempt_at = now() + interval '1 hour'"
+    if situation == "analyzed":
+        tx.execute(later + " WHERE destination_id <> 1")
+        tx.execute("ANALYZE deliveries")
+    else:
+        # Analyzed while nothing was due yet, as a bench backlog or a wave of retries
+        # is: the planner expects about one due row.
+        tx.execute(later)
+        tx.execute("ANALYZE deliveries")
+        tx.execute("UPDATE deliveries SET next_attempt_at = now() - interval '1 minute'"
+                   " WHERE destination_id = 1")
+    explained = explain(tx, mode, queries.LOCK_CAPPED_DESTINATIONS, "int, int",
+                        list(queue.lock_capped_params()))
+    report(record_property, f"lock_capped_destinations_{situation}", mode, explained)
+    assert explained["Plan"]["Actual Rows"] == 1
+    read = sum(n["Actual Rows"] * n["Actual Loops"] for n in nodes(explained["Plan"])
+               if n.get("Relation Name") == "deliveries")
+    assert read <= DESTINATIONS, f"read {read} deliveries to find 1 destination with work"
