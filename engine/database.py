@@ -88,15 +88,24 @@ IDLE_IN_TRANSACTION_TIMEOUT_MS = 5_000
 STATEMENT_TIMEOUT_MS = 30_000
 
 
+# The queue sessions run only the hot statements (claim, capped locks, rate tokens, result
+# write, refill), prepared by psycopg after a few executions. Left to choose, PostgreSQL
+# kept planning several of them anew on every execution (a custom plan), 10-13 % of its
+# CPU in bench drain-slow; their generic plans are the ones tests/test_claim_plan.py checks
+# beside the custom ones (docs/decisions/0018-generic-plans-on-queue-sessions.md).
+QUEUE_PLAN_CACHE_MODE = "force_generic_plan"
+
+
 def session_options(dsn: str) -> str:
-    """libpq `options` for the engine's queue sessions: the bounds above, then the DSN's
-    own options, set in the startup packet (no extra round trip; a reconnect keeps
-    them). As in engine_conninfo, the DSN's come last, so an operator's explicit choice
-    (a shorter statement_timeout, say) wins over ours; a database- or role-level
-    setting does not, since startup options outrank those."""
+    """libpq `options` for the engine's queue sessions: the bounds above and generic
+    plans, then the DSN's own options, set in the startup packet (no extra round trip; a
+    reconnect keeps them). As in engine_conninfo, the DSN's come last, so an operator's
+    explicit choice (a shorter statement_timeout, say) wins over ours; a database- or
+    role-level setting does not, since startup options outrank those."""
     given = conninfo_to_dict(dsn).get("options") or ""
     ours = (f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS}"
-            f" -c statement_timeout={STATEMENT_TIMEOUT_MS}")
+            f" -c statement_timeout={STATEMENT_TIMEOUT_MS}"
+            f" -c plan_cache_mode={QUEUE_PLAN_CACHE_MODE}")
     return f"{ours} {given}".strip()
 
 

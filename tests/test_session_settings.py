@@ -20,12 +20,14 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from engine import queries, queue
 from engine.config import Settings
 from engine.database import open_database
+from engine.oplog import Outage
 from engine.status import collect_status
+from engine.worker.connection import connect
 
 pytestmark = pytest.mark.pg_versions
 
@@ -201,3 +203,20 @@ def test_status_warns_about_synchronous_commit_off(dsn: str) -> None:
     # (The tests' embedded server runs with it off, for speed.)
     with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on") as conn:
         assert not [w for w in collect_status(conn)["warnings"] if "synchronous_commit" in w]
+
+
+def test_queue_sessions_use_generic_plans_unless_the_dsn_says_otherwise(dsn: str) -> None:
+    """A worker's claim and result connections plan their prepared statements once
+    (docs/decisions/0018-generic-plans-on-queue-sessions.md); an operator's
+    plan_cache_mode in the DSN comes after ours and wins."""
+    async def settings_of(url: str) -> tuple[Any, ...] | None:
+        conn = await connect(url, "settings-test", listen=False, outage=Outage("test"),
+                             give_up=lambda: None)
+        async with conn:
+            return await (await conn.execute(
+                "SELECT current_setting('plan_cache_mode'),"
+                "       current_setting('idle_in_transaction_session_timeout')")).fetchone()
+
+    assert asyncio.run(settings_of(dsn)) == ("force_generic_plan", "5s")
+    explicit = make_conninfo(dsn, options="-c plan_cache_mode=auto")
+    assert asyncio.run(settings_of(explicit)) == ("auto", "5s")

@@ -47,9 +47,14 @@ WITH due AS (
        AND dest.id <> ALL ($2::bigint[])
        AND (dest.rate_next_send_at IS NULL
             OR dest.rate_next_send_at <= statement_timestamp() + interval '1 second')
-       AND EXISTS (SELECT 1 FROM deliveries d
-                    WHERE d.destination_id = dest.id AND d.status = 'pending'
-                      AND d.next_attempt_at <= now())
+       -- One probe of deliveries_destination_idx per destination, never a semi-join
+       -- against the due backlog (lock_capped_destinations.sql says why).
+       AND EXISTS (SELECT 1 FROM (SELECT 1 FROM deliveries d
+                                   WHERE d.destination_id = dest.id
+                                     AND d.status = 'pending'
+                                     AND d.next_attempt_at <= now()
+                                   ORDER BY d.next_attempt_at
+                                   LIMIT 1) due)
      ORDER BY dest.rate_next_send_at NULLS FIRST
      LIMIT 32
        FOR NO KEY UPDATE OF dest SKIP LOCKED
