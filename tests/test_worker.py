@@ -337,7 +337,6 @@ def test_children_drain_by_themselves_when_the_supervisor_is_killed(
     assert finished(conn, slow) + count(conn, "SELECT count(*) FROM deliveries") == 50
 
 
-
 def test_an_answer_that_hands_its_slot_to_a_spare_waits_for_the_usual_flush() -> None:
     """A success of a small cap's claim with a spare of its destination at hand starts the
     spare at once (a real POST, to a real fake destination) and names it in its result;
@@ -351,7 +350,7 @@ def test_an_answer_that_hands_its_slot_to_a_spare_waits_for_the_usual_flush() ->
         return Claim(i, i, 7, 1, url, 5000, [generate_secret()], "{}", max_in_flight=cap,
                      claim_token=100 + i, **kw)
 
-    async def scenario(url: str) -> tuple[DeliveryWorker, float, float]:
+    async def scenario(url: str) -> tuple[float, float]:
         worker = DeliveryWorker(
             load_settings(retry_schedule="1s", allow_private_targets=True), "postgresql://unused")
         loop = worker.loop = worker.recorder.loop = asyncio.get_running_loop()
@@ -378,10 +377,10 @@ def test_an_answer_that_hands_its_slot_to_a_spare_waits_for_the_usual_flush() ->
         assert worker.recorder.refill == {7: 1} and worker.recorder.slot_results == 1
         await asyncio.wait_for(worker.http_idle.wait(), 10)  # the spare's own answer
         await worker.http.close()
-        return worker, handed_flush, given_back_flush
+        return handed_flush, given_back_flush
 
     with FakeDestination() as fake:
-        _, handed_flush, given_back_flush = uvloop.run(scenario(fake.url("fast/spares")))
+        handed_flush, given_back_flush = uvloop.run(scenario(fake.url("fast/spares")))
         wait_until(lambda: fake.name_stats("spares").get("requests") == 1, 10, "the spare")
     assert FLUSH_INTERVAL_S / 2 < handed_flush <= FLUSH_INTERVAL_S + 1e-6
     assert given_back_flush <= SLOT_FLUSH_INTERVAL_S
