@@ -406,3 +406,29 @@ def test_locking_capped_destinations_probes_each_one_not_the_backlog(
     read = sum(n["Actual Rows"] * n["Actual Loops"] for n in nodes(explained["Plan"])
                if n.get("Relation Name") == "deliveries")
     assert read <= DESTINATIONS, f"read {read} deliveries to find 1 destination with work"
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_locking_capped_destinations_stops_probing_once_it_has_enough(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    """With more capped destinations that have work than a claim locks, it probes about
+    as many as it locks, in a random order, instead of probing every one before picking
+    (500 capped destinations: 4.4 ms per claim, bench many-destinations, 2026-12-04)."""
+    many = 4 * queue.CAPPED_LOCKS_PER_CLAIM
+    tx.execute(
+        "INSERT INTO destinations (url, secret)"
+        " SELECT 'http://127.0.0.1:9/more/' || g, 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw'"
+        " FROM generate_series(1, %s) g", (many - DESTINATIONS,))
+    tx.execute("UPDATE destinations SET max_in_flight = 5")
+    tx.execute("INSERT INTO deliveries (event_id, destination_id)"
+               " SELECT id, id FROM destinations")
+    tx.execute("ANALYZE destinations, deliveries")
+    explained = explain(tx, mode, queries.LOCK_CAPPED_DESTINATIONS, "int, int",
+                        list(queue.lock_capped_params()))
+    report(record_property, "lock_capped_destinations_many", mode, explained)
+    assert explained["Plan"]["Actual Rows"] == queue.CAPPED_LOCKS_PER_CLAIM
+    probes = max(n["Actual Loops"] for n in nodes(explained["Plan"])
+                 if n.get("Relation Name") == "deliveries")
+    assert probes == queue.CAPPED_LOCKS_PER_CLAIM, (
+        f"probed {probes} of {many} destinations to lock {queue.CAPPED_LOCKS_PER_CLAIM}")
