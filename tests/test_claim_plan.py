@@ -377,6 +377,28 @@ def test_a_claim_with_only_capped_work_skips_the_plain_scans(
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)
+def test_a_claim_filled_by_capped_destinations_locks_no_other_rows(
+    tx: psycopg.Connection, mode: str, record_property: Any
+) -> None:
+    """Half the destinations capped far above the claim, all with work due: the capped
+    branch fills the claim, and the scan of the others' first attempts locks nothing.
+    Rows it locked beyond the room would stay locked, unclaimed, until the commit, and
+    every other claimer would skip them."""
+    capped = list(range(1, DESTINATIONS // 2 + 1))
+    tx.execute("UPDATE destinations SET max_in_flight = 1000 WHERE id = ANY(%s)", (capped,))
+    add_burst(tx)
+    tx.execute("ANALYZE deliveries")
+    params = queue.claim_params("plan-test", 100, LEASE_MS, 12, capped)
+    explained = explain(tx, mode, queries.CLAIM_BATCH, "text, int, int, int, bigint[]",
+                        list(params))
+    report(record_property, "claim_batch_filled_by_capped", mode, explained)
+    assert explained["Plan"]["Actual Rows"] == 100
+    for branch in ("eligible_first", "eligible_retry"):
+        locked = cte(explained, branch)["Actual Rows"]
+        assert locked == 0, f"{branch} locked {locked} rows the claim had no room for"
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
 @pytest.mark.parametrize("situation", ["analyzed", "stale_statistics"])
 def test_locking_capped_destinations_probes_each_one_not_the_backlog(
     tx: psycopg.Connection, mode: str, situation: str, record_property: Any
