@@ -66,6 +66,27 @@ def test_once_the_others_stay_idle_the_slow_destination_gets_the_free_slots() ->
     assert policy.left_out(destinations, t) == [SLOW]
 
 
+def test_a_fresh_destinations_own_first_claim_is_not_the_others_traffic() -> None:
+    """A backlog of a fresh destination, nothing else with work: its first claim took its
+    share, it is left out until it answers, and the next claim that finds nothing else
+    lets it in at once. Its own first claim must not count as the others' traffic (that
+    kept half the slots idle for a whole answer time in bench drain-slow)."""
+    policy = ClaimPolicy(CAPACITY)
+    t = 10.0
+    policy.claimed([], 20, [claim(n, SLOW) for n in range(20)], 0, t)  # its first claim
+    destinations = piling_up(policy, t)
+    t += 0.05
+    assert policy.left_out(destinations, t) == [SLOW]
+    more_now = policy.claimed([SLOW], 20, [], 0, t)
+    assert more_now, "nobody else had work: the slow destination is let in at once"
+    assert policy.left_out(destinations, t) == []
+    # Healthy traffic a moment ago still keeps it to its share.
+    policy.claimed([], 20, [claim(99, HEALTHY)], 0, t)
+    policy.claimed([], 20, [claim(100, SLOW)], 0, t + 0.01)
+    assert policy.left_out(destinations, t + 0.02) == [SLOW]
+    assert not policy.claimed([SLOW], 20, [], 0, t + 0.02)
+
+
 def test_a_slow_destination_alone_is_let_in_at_once() -> None:
     """Nothing else was ever claimed: no one to protect, no wait."""
     policy = ClaimPolicy(CAPACITY)
@@ -130,13 +151,13 @@ def test_an_answer_from_a_left_out_destination_ends_the_wait_for_work() -> None:
     claim again at once instead of waiting for the poll."""
     policy = ClaimPolicy(CAPACITY)
     t = 10.0
-    policy.others_claimed_at = t  # healthy traffic just now: SLOW stays left out
+    policy.claimed_at[HEALTHY] = t  # healthy traffic just now: SLOW stays left out
     assert policy.left_out(piling_up(policy, t), t + SLOW_REQUEST_S) == [SLOW]
     policy.answer(SLOW, t + SLOW_REQUEST_S + 0.01, 0.01)  # during the claim
     assert not policy.claimed([SLOW], 10, [], 0, t + SLOW_REQUEST_S + 0.02)
     assert policy.left_out_answered
     t = 20.0  # silent again
-    policy.others_claimed_at = t
+    policy.claimed_at[HEALTHY] = t
     assert policy.left_out(piling_up(policy, t), t) == [SLOW]
     policy.claimed([SLOW], 10, [], 0, t + 0.01)
     assert not policy.left_out_answered

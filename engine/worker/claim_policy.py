@@ -74,8 +74,9 @@ class ClaimPolicy:
         self.slow_share = max(1, int(capacity * SLOW_SHARE))
         self.slow_group_share = max(1, int(capacity * SLOW_GROUP_SHARE))
         self.leave_out_slow = True  # False once claims that left them out came back empty
-        # When a claim last brought deliveries of destinations it did not leave out.
-        self.others_claimed_at = -math.inf
+        # When claims last brought deliveries of each destination, over the last
+        # OTHERS_IDLE_S: whether the others had work is asked of those not left out.
+        self.claimed_at: dict[int, float] = {}
         self.answered_at: dict[int, float] = {}  # destination id -> its last HTTP answer
         self.slow: set[int] = set()  # destinations whose last answer took SLOW_ANSWER_S
         self.trimming = True  # the last left_out() was not letting the slow ones in
@@ -192,18 +193,29 @@ class ClaimPolicy:
         answered_at = self.answered_at
         self.left_out_answered = any(answered_at.get(destination, -math.inf) >= self.left_out_at
                                      for destination in excluded)
+        claimed_at = self.claimed_at
         count = 0
         for claim in claims:
             count += 1
-            if claim.destination_id not in excluded:
-                self.others_claimed_at = now
+            claimed_at[claim.destination_id] = now
         self.leave_out_slow = (not left_out or count > 0
-                               or now - self.others_claimed_at < OTHERS_IDLE_S)
+                               or self._others_claimed_within(excluded, now))
         self.prefetch = min(self.capacity, CLAIM_CAP, 2 * answered_meanwhile)
         # A claim that left silent destinations out and found nothing else, the others
         # idle long enough, is followed at once by one that takes them too, not by a
         # wait for the next poll.
         return count == limit or (bool(left_out) and not self.leave_out_slow)
+
+    def _others_claimed_within(self, excluded: frozenset[int], now: float) -> bool:
+        """Whether a claim brought deliveries of a destination not in `excluded` within
+        OTHERS_IDLE_S. A left-out destination's own claims do not count: a fresh slow
+        destination's first claim is what made it hold its share, and counted as the
+        others' traffic it kept itself left out for OTHERS_IDLE_S while nobody else had
+        work (bench drain-slow: 1,000 of 2,048 slots used until its first answers)."""
+        claimed_at = self.claimed_at
+        for destination in [d for d, at in claimed_at.items() if now - at >= OTHERS_IDLE_S]:
+            del claimed_at[destination]
+        return any(destination not in excluded for destination in claimed_at)
 
     def wait_deadline(self) -> float:
         """Until when an idle worker waits for a NOTIFY: the poll interval, or sooner a
