@@ -70,17 +70,23 @@ def drain_stats(dest: FakeDestination) -> dict[str, Any]:
 
 def cap_report(watched_names: dict[str, dict[str, Any]], run: list[Target]) -> dict[str, Any]:
     """Whether any capped destination ever had more requests open at once than its cap,
-    as the fake destination counted them."""
+    as the fake destination counted them, and how many had as many as their cap: a cap
+    that was reached was binding, so a run with it measures the cap's ceiling as well
+    as its cost (drain-slow with --cap 2000 reaches it on 2 x 1,024 slots)."""
     capped = [t for t in run if t.cap is not None]
     over = {}
+    reached = 0
     for target in capped:
         name = target.path[target.path.index("drain"):]
         seen = int(watched_names.get(name, {}).get("max_concurrent", 0))
         if seen > target.cap:
             over[name] = {"cap": target.cap, "max_concurrent": seen}
+        if seen >= target.cap:
+            reached += 1
     return {
         "capped_destinations": len(capped),
         "caps": sorted({t.cap for t in capped}),
+        "caps_reached": reached,
         "cap_ever_exceeded": bool(over),
         "caps_exceeded": over,
     }

@@ -244,6 +244,7 @@ def main() -> int:
             "median_engine_per_s": rate,
             "share_of": "ceiling 5,000/s" if name == "capped-slow" else "drain-fast median",
             "share": round(rate / against, 3) if against else None,
+            "caps_reached": [r["caps_reached"] for r in runs],
             "cap_ever_exceeded": any(r["cap_ever_exceeded"] for r in runs),
             "duplicates": sum(int(r["duplicates"] or 0) for r in runs),
         }

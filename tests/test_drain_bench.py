@@ -73,9 +73,14 @@ def test_drain_bench_pairs_a_capped_run_with_an_uncapped_one(
     assert reports["drain-fast"]["caps"] == []
     assert reports["drain-fast-capped"]["caps"] == [16]
     assert reports["drain-fast-capped"]["max_in_flight_at_destination"] <= 16
+    # Whether the cap was reached is what the destination saw, not what was configured.
+    reached = int(reports["drain-fast-capped"]["max_in_flight_at_destination"] == 16)
+    assert reports["drain-fast-capped"]["caps_reached"] == reached
+    assert reports["drain-fast"]["caps_reached"] == 0
     for report in reports.values():
         assert report["recorded_delivered"] == COUNT
     totals = json.loads(run.stdout.strip().splitlines()[-1])
     pair = totals["cap_pairs"]["drain-fast"]
     capped, uncapped = (reports[n]["deliveries_per_s"] for n in ("drain-fast-capped", "drain-fast"))
     assert pair["deliveries_per_s"] == [round(capped / uncapped, 3)]
+    assert pair["caps_reached"] == [reached]
