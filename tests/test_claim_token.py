@@ -17,6 +17,8 @@ from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, Claim, EventIn, Result
 from tests.kit.data import add_destination
 
+pytestmark = pytest.mark.pg_versions
+
 LEASE_MS = 60_000
 MAX_ATTEMPTS = 1000  # never dead by attempts here: the guard is what is under test
 WORKERS = ("host:1", "host:2")

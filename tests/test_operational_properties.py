@@ -19,6 +19,8 @@ from engine.queue import BreakerSettings, Result
 from tests.kit.data import add_destination, count, enqueue
 from tests.kit.dbserver import truncate_all
 
+pytestmark = pytest.mark.pg_versions
+
 BREAKER = BreakerSettings(threshold=2, base_pause_ms=1, max_pause_ms=2)
 MAX_ATTEMPTS = 3
 # Claims that found work. A loop would never end; a run that settles needs about one claim

@@ -23,6 +23,8 @@ from engine.queue import Claim
 from tests.kit.data import add_destination, enqueue
 from tests.kit.dbserver import truncate_all
 
+pytestmark = pytest.mark.pg_versions
+
 RATE = 20.0
 SECONDS = 2.5
 BOOKED_AHEAD_S = 1.0  # take_rate_tokens.sql books up to a second ahead

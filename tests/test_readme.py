@@ -14,7 +14,9 @@ from pathlib import Path
 from tests.kit.enginerun import ROOT, Engine, wait_until
 
 README = (ROOT / "README.md").read_text()
-TEST_COMMAND = "pip install -e '.[test]' && python -m pytest -q"
+TEST_COMMAND = "bash tools/setup.sh test && pip install -e '.[test]' && python -m pytest -q"
+QUICKSTART = ("python3 -m venv .venv && . .venv/bin/activate && bash tools/setup.sh"
+              " && pip install -e . && engine demo")
 
 
 def shell_blocks(text: str) -> list[str]:
@@ -85,6 +87,7 @@ def test_operator_command_examples_work(dsn: str, tmp_path: Path) -> None:
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    assert f"\n    {QUICKSTART}\n" in README
     assert f"\n    {TEST_COMMAND}\n" in README
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert TEST_COMMAND in ci

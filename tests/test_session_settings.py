@@ -5,8 +5,8 @@ The database is set up the way that makes JIT compile anything it is allowed to
 (`jit = on`, every `jit_*_above_cost = 0`): on a test database the real thresholds are
 rarely reached, so a test at stock thresholds could not fail. The same statements on a
 plain connection to the same database must show JIT, or the test proves nothing; servers
-that cannot JIT at all (the embedded PostgreSQL 18) skip it. CI runs it on PostgreSQL 15,
-whose JIT is on.
+that cannot JIT at all (the embedded PostgreSQL 18) skip it, unless ENGINE_REQUIRE_JIT=1
+says the server must have JIT: CI runs it so on PostgreSQL 15, whose JIT is on.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,6 +50,9 @@ def jit_everything(dsn: str) -> Iterator[str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         available = conn.execute("SELECT pg_jit_available()").fetchone()
     if not (available and available[0]):
+        if os.environ.get("ENGINE_REQUIRE_JIT") == "1":
+            pytest.fail("ENGINE_REQUIRE_JIT=1, but this server cannot JIT-compile "
+                        "(pg_jit_available() is false: is its llvmjit package installed?)")
         pytest.skip("this server cannot JIT-compile (no JIT provider), so nothing to prevent")
     yield dsn
 
@@ -145,6 +149,7 @@ def jit_compiled(conn: psycopg.Connection, data: dict[str, Any]) -> list[str]:
     return compiled
 
 
+@pytest.mark.needs_jit
 def test_no_hot_statement_is_jit_compiled_on_engine_sessions(jit_everything: str) -> None:
     with psycopg.connect(jit_everything, autocommit=True) as plain:
         data = fill(plain)
@@ -156,6 +161,7 @@ def test_no_hot_statement_is_jit_compiled_on_engine_sessions(jit_everything: str
         assert jit_compiled(engine_session, data) == []
 
 
+@pytest.mark.needs_jit
 def test_worker_connections_get_the_session_settings(jit_everything: str) -> None:
     """The delivery workers and ingress connect asynchronously, from the same conninfo."""
     database = open_database(Settings(dsn=jit_everything))
@@ -168,6 +174,7 @@ def test_worker_connections_get_the_session_settings(jit_everything: str) -> Non
     assert asyncio.run(jit_on_async_connection()) == (False,)
 
 
+@pytest.mark.needs_jit
 def test_options_of_the_dsn_and_pgoptions_are_kept(
     jit_everything: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -184,6 +191,7 @@ def test_options_of_the_dsn_and_pgoptions_are_kept(
         assert conn.execute("SELECT pg_jit_available()").fetchone() == (True,)
 
 
+@pytest.mark.needs_jit
 def test_status_warns_when_jit_stays_on_for_the_engine(jit_everything: str) -> None:
     # A plain connection stands for a pooler that dropped the engine's startup options.
     with psycopg.connect(jit_everything, autocommit=True) as plain:
