@@ -50,6 +50,16 @@ else
         python3 python3-venv python3-pip git ca-certificates
 fi
 cp /etc/resolv.conf "$ROOTFS/etc/resolv.conf"
+# A network that inspects TLS (a company's egress proxy) has its CA in the host's store:
+# the chroot trusts what the host trusts, and gets the host's CA variables below.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    cp /usr/local/share/ca-certificates/*.crt "$ROOTFS/usr/local/share/ca-certificates/"
+    chroot "$ROOTFS" update-ca-certificates >/dev/null
+fi
+ca_env=()
+for name in SSL_CERT_FILE PIP_CERT REQUESTS_CA_BUNDLE CURL_CA_BUNDLE NODE_EXTRA_CA_CERTS; do
+    if [ -n "${!name:-}" ]; then ca_env+=("$name=${!name}"); fi
+done
 # As in any chroot, packages may not start services (postgresql-15's cluster, say).
 printf '#!/bin/sh\nexit 101\n' > "$ROOTFS/usr/sbin/policy-rc.d"
 chmod +x "$ROOTFS/usr/sbin/policy-rc.d"
@@ -73,7 +83,7 @@ run() {  # run NAME LINE: the line in the clone, timed, its output to a log
     started=$(date +%s)
     set +e
     chroot "$ROOTFS" /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-        bash -c "cd /root/engine && $2" >"$log" 2>&1
+        "${ca_env[@]}" bash -c "cd /root/engine && $2" >"$log" 2>&1
     local rc=$?
     set -e
     echo "$1: exit $rc after $(( $(date +%s) - started )) s; the last lines of $log:"
