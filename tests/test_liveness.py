@@ -20,9 +20,14 @@ def idle(request: pytest.FixtureRequest, dsn: str) -> Iterator[psycopg.Connectio
     with hundreds of HTTP connections open."""
     fillers: list[int] = []
     if request.param == "above_fd_setsize":
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft < 1100:
-            pytest.skip(f"RLIMIT_NOFILE is {soft}")
+            # Any process may raise its soft limit up to the hard one, as a worker does.
+            if hard != resource.RLIM_INFINITY and hard < 1100:
+                pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}")
+            resource.setrlimit(resource.RLIMIT_NOFILE, (1100, hard))
+            request.addfinalizer(
+                lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
         fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1050)]
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
