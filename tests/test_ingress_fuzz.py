@@ -14,7 +14,9 @@ import json
 import shutil
 import string
 import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -88,7 +90,9 @@ def check_answer(answer: Answer, before: tuple[Any, ...], db: psycopg.Connection
 def test_schemathesis_finds_no_server_error_or_schema_violation(
     server: IngressProcess, tmp_path: object
 ) -> None:
-    command = shutil.which("schemathesis")
+    # The CLI beside this interpreter (a venv run without activating it), else on PATH.
+    beside = Path(sys.executable).with_name("schemathesis")
+    command = str(beside) if beside.exists() else shutil.which("schemathesis")
     if command is None:
         pytest.skip("schemathesis is not installed (pip install -e '.[test]')")
     result = subprocess.run(
