@@ -32,14 +32,17 @@ from engine.testing.fakedest import FakeDestination
 from engine.testing.ingress_server import IngressProcess
 from tests.kit.dbserver import DatabaseFactory
 from tests.kit.enginerun import Engine, wait_until
-from tests.kit.faultload import FaultLoad, first_ok_after
+from tests.kit.faultload import DatabaseWatch, FaultLoad, first_ok_after
 
 # How long the server refuses connections in the outage test (the issue asks for 20 s).
 OUTAGE_S = float(os.environ.get("ENGINE_FAULT_OUTAGE_S", "20"))
 WORKER_PROCS = 2
 MAX_IN_FLIGHT = 50
-# What a healthy machine does in well under a second; generous for a loaded CI box.
-HEALTHZ_BACK_WITHIN_S = 3.0
+# README (Reliability): "/healthz returns 200 within a fraction of a second of the
+# database coming back". Measured from the first connection the server accepts again
+# (tests/kit/faultload.DatabaseWatch, or the fault's end when it never refused one) to the
+# first 200, with /healthz polled every 25 ms; ingress probes every 0.2 s.
+HEALTHZ_BACK_WITHIN_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -128,27 +131,38 @@ def _run_fault(
         load = FaultLoad(client, created.json()["id"]).start()
         try:
             load.wait_accepted(50)
-            down_at, back_at = fault(server, dsn)
+            watch = DatabaseWatch(dsn).start()
+            try:
+                down_at, back_at = fault(server, dsn)
+            finally:
+                watch.stop()
             load.wait_accepted(50)
         finally:
             load.stop()
+        # The database came back when it accepted a connection again: pg_ctl reports it
+        # up to a poll interval later.
+        came_back = back_at if watch.back_at is None else min(watch.back_at, back_at)
 
-        delivered = wait_until(lambda: _all_delivered(fake, load), 120, "every delivery")
+        # Every accepted event delivered, or nothing left to deliver: what is neither
+        # delivered nor still in the queue then is lost.
+        wait_until(lambda: _all_delivered(fake, load) or _unfinished(dsn) == 0, 120,
+                   "every delivery made, or none left pending or in flight")
         wait_until(lambda: _unfinished(dsn) == 0, 60, "no delivery pending or in flight")
+        lost = _lost(fake, load, dsn)
         stats = fake.name_stats("db")
         log_text = engine.log_path.read_text()
         outages = engine.events("database_unavailable")
         recoveries = engine.events("database_recovered")
-    assert delivered, "accepted events were lost"
     refusals = [s for s in load.posts + load.reads if s.status == 503]
     result: dict[str, object] = {
         "fault": name,
         "accepted": len(load.accepted),
-        "lost": 0,
+        "lost": len(lost),
         "duplicates": stats["duplicates"],
         "refused_503": len(refusals),
         "slowest_503_s": round(max((s.seconds for s in refusals), default=0.0), 3),
-        "healthz_ok_after_s": _round(first_ok_after(load.health, 200, back_at)),
+        "healthz_ok_after_s": _round(first_ok_after(load.health, 200, came_back)),
+        "pg_ctl_late_s": round(back_at - came_back, 3),
         "first_202_after_s": _round(first_ok_after(load.posts, 202, back_at)),
         "outage_s": round(back_at - down_at, 1),
         "log_lines": len(log_text.splitlines()),
@@ -158,16 +172,20 @@ def _run_fault(
     result["outage_records"] = outages
     result["recovery_records"] = recoveries
 
+    # Nothing is left in the queue by now: no lost event means every one was delivered.
+    assert not lost, f"{len(lost)} accepted events neither delivered nor queued: {lost[:20]}"
     # Duplicates only from deliveries whose result a fault kept from being recorded:
     # never more than what was in flight.
     assert stats["duplicates"] <= WORKER_PROCS * MAX_IN_FLIGHT
     assert "Traceback" not in log_text
     # 503 at once, not after a pool wait.
     assert all(s.seconds < POOL_TIMEOUT_S for s in refusals), refusals
-    healthz_back = first_ok_after(load.health, 200, back_at)
-    assert healthz_back is not None and healthz_back < HEALTHZ_BACK_WITHIN_S, load.health[-40:]
+    healthz_back = first_ok_after(load.health, 200, came_back)
+    assert healthz_back is not None and healthz_back < HEALTHZ_BACK_WITHIN_S, (
+        f"/healthz answered 200 {healthz_back} s after the database came back",
+        [s for s in load.health if s.sent >= came_back][:40])
     # Once /healthz says so, no request meets a connection the fault broke.
-    healthy_again = back_at + healthz_back
+    healthy_again = came_back + healthz_back
     late = [s for s in load.posts + load.reads if s.sent > healthy_again and s.status >= 500]
     assert not late, late
     # One line per outage per process and component (a restart may be seen as two: the
@@ -190,6 +208,20 @@ def _answers(client: IngressProcess, path: str) -> int:
 def _all_delivered(fake: FakeDestination, load: FaultLoad) -> bool:
     arrivals = fake.arrivals("db")
     return all(f"evt_{event_id}" in arrivals for event_id in load.accepted.values())
+
+
+def _lost(fake: FakeDestination, load: FaultLoad, dsn: str) -> list[int]:
+    """Accepted events that reached the destination nowhere and have no delivery left in
+    the queue. The queue is read first: a delivery leaves it only once its answer came, so
+    one missed there has arrived by the time the arrivals are read."""
+    accepted = sorted(load.accepted.values())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        queued = {row[0] for row in conn.execute(
+            "SELECT DISTINCT event_id FROM deliveries WHERE event_id = ANY (%s)"
+            " AND status IN ('pending', 'in_flight')", [accepted])}
+    arrivals = fake.arrivals("db")
+    return [event_id for event_id in accepted
+            if f"evt_{event_id}" not in arrivals and event_id not in queued]
 
 
 def _unfinished(dsn: str) -> int:

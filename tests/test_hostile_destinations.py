@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -26,6 +27,9 @@ from tests.kit.httpserver_helpers import closed_port
 HEADERS = ["content-type: application/json", "Expect:"]
 TIMEOUT_MS = 1500
 ROOT = Path(__file__).resolve().parents[1]
+# Three requests to a local server are in flight within milliseconds; this is the bound on
+# waiting for them, for a failure message instead of a hang.
+IN_FLIGHT_WAIT_S = 10.0
 
 # Behaviour -> (expected status code, a predicate on the error text).
 EXPECTED: dict[str, tuple[int | None, Callable[[str | None], bool]]] = {
@@ -176,7 +180,11 @@ def test_dead_multi_handle_is_rebuilt_and_its_transfers_fail_once(
     async def body(pool: CurlPool) -> tuple[list[HttpResult], HttpResult, int]:
         hung = [asyncio.ensure_future(
             pool.post(hostile.url("hang", str(i)), HEADERS, b"{}", 20_000)) for i in range(3)]
+        deadline = time.monotonic() + IN_FLIGHT_WAIT_S
         while pool.in_flight < 3:
+            assert time.monotonic() < deadline, (
+                f"after {IN_FLIGHT_WAIT_S} s the pool holds {pool.in_flight} of the 3 "
+                "hanging requests in flight")
             await asyncio.sleep(0.01)
 
         def raising(*_: object) -> None:

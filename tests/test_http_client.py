@@ -244,16 +244,21 @@ def test_pin_ipv6_address() -> None:
 def test_post_checked_refuses_private_target(server: ScriptedServer, run, host: str) -> None:
     port = server.server_address[1]
 
-    async def checked(pool: CurlPool) -> tuple[HttpResult, HttpResult]:
+    async def checked(pool: CurlPool) -> tuple[HttpResult, int, HttpResult]:
         url = f"http://{host}:{port}/ok"
         refused = await pool.post_checked(url, HEADERS, b"{}", 5000, allow_private=False)
+        # Counted before the allowed request: the refused one reached the server or not.
+        reached = len(server.requests)
         allowed = await pool.post_checked(url, HEADERS, b"{}", 5000, allow_private=True)
-        return refused, allowed
+        return refused, reached, allowed
 
-    refused, allowed = run(checked)
+    refused, reached_when_refused, allowed = run(checked)
     assert refused.error == "refused_target" and refused.status_code is None
-    assert len(server.requests) <= 1
-    if host != "[::1]":  # the server listens on IPv4 only
+    assert reached_when_refused == 0, server.requests
+    if host == "[::1]":  # the server listens on IPv4 only: nothing reaches it
+        assert not allowed.ok
+        assert len(server.requests) == 0
+    else:
         assert allowed.ok, allowed.error
         assert len(server.requests) == 1
 
