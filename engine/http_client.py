@@ -33,11 +33,13 @@ from engine.http_transfer import (
 from engine.oplog import log_event
 from engine.targets import (
     Allowance,
+    Lookup,
     TargetRefused,
     TargetUnresolvable,
     cached_pin,
     check_host,
     resolve_and_check_async,
+    system_lookup,
 )
 
 DEFAULT_MAX_BODY = 4096
@@ -54,14 +56,14 @@ def _target_error(exc: TargetRefused | TargetUnresolvable) -> str:
     return "dns" if isinstance(exc, TargetUnresolvable) else "refused_target"
 
 
-def _ready_pin(url: str, allow_private: Allowance) -> tuple[bool, str | None]:
+def _ready_pin(url: str, allow_private: Allowance, lookup: Lookup) -> tuple[bool, str | None]:
     """(known, pin) for the connect-time check, without waiting: known for an IP literal
     (no DNS, so nothing to pin: it is checked as is) and for a host whose checked address
     is cached. Raises TargetRefused for a refused target."""
     host, port = host_port(url)
     if check_host(host, allow_private) is not None:
         return True, None
-    pin = cached_pin(host, port, allow_private)
+    pin = cached_pin(host, port, allow_private, lookup)
     return pin is not None, pin
 
 
@@ -77,6 +79,7 @@ class CurlPool:
 
     Create it inside the loop that will use it. Easy handles are recycled so that
     the multi handle's connection cache keeps connections alive across requests.
+    `lookup` resolves destination names for the connect-time check (engine/targets.py).
     """
 
     def __init__(
@@ -85,8 +88,10 @@ class CurlPool:
         max_host_connections: int = 0,
         max_body: int = DEFAULT_MAX_BODY,
         max_drain: int = DEFAULT_MAX_DRAIN,
+        lookup: Lookup = system_lookup,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self._lookup = lookup
         self._max_body = max_body
         self._max_drain = max_drain
         self._max_connects = max_connects
@@ -215,9 +220,10 @@ class CurlPool:
             return await self.post(url, headers, body, timeout_ms)
         started_at = time.time()
         try:
-            known, pin = _ready_pin(url, allow_private)
+            known, pin = _ready_pin(url, allow_private, self._lookup)
             if not known:
-                pin = await resolve_and_check_async(*host_port(url), allow_private)
+                pin = await resolve_and_check_async(*host_port(url), allow_private,
+                                                    self._lookup)
         except (TargetRefused, TargetUnresolvable) as exc:
             return failed_result(_target_error(exc), started_at)
         return await self.post(url, headers, body, timeout_ms, pin)
@@ -239,7 +245,7 @@ class CurlPool:
             self._begin(url, headers, body, timeout_ms, None, on_done)
             return
         try:
-            known, pin = _ready_pin(url, allow_private)
+            known, pin = _ready_pin(url, allow_private, self._lookup)
         except (TargetRefused, TargetUnresolvable) as exc:
             self._loop.call_soon(on_done, failed_result(_target_error(exc), time.time()))
             return

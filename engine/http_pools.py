@@ -21,7 +21,7 @@ from functools import partial
 
 from engine.http_client import CurlPool, HttpResult, host_port
 from engine.http_transfer import OnDone
-from engine.targets import Allowance
+from engine.targets import Allowance, Lookup, system_lookup
 
 # Requests in flight to one host in one pool before the next pool takes them. A first
 # round-robin try over K pools (two rounds, the results file above) put 1,024 in flight
@@ -32,10 +32,13 @@ SPREAD = 128
 class CurlPools:
     """`start_checked` and `close` of a CurlPool, over max(1, capacity // SPREAD) of them."""
 
-    def __init__(self, capacity: int, spread: int = SPREAD) -> None:
+    def __init__(
+        self, capacity: int, spread: int = SPREAD, lookup: Lookup = system_lookup
+    ) -> None:
         count = max(1, capacity // spread)
         self.spread = spread
-        self.pools = [CurlPool(max_connects=-(-capacity // count)) for _ in range(count)]
+        self.pools = [CurlPool(max_connects=-(-capacity // count), lookup=lookup)
+                      for _ in range(count)]
         # host:port -> requests in flight to it in each pool
         self._in_flight: dict[tuple[str, int], list[int]] = {}
 

@@ -4,12 +4,17 @@ A URL is checked twice: `validate_url` when a destination is created or changed,
 and `resolve_and_check*` right before connecting. The connect-time check returns
 the one address the HTTP client must pin (CURLOPT_RESOLVE), so a DNS answer that
 changes between the check and the connect (rebinding) cannot reach a refused host.
+
+The connect-time lookup is the system resolver's (`system_lookup`) unless a caller passes
+another `Lookup`: a test's stand-in that knows names the system does not, so that a request
+reaches its server only through the pinned address.
 """
 
 import asyncio
 import ipaddress
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 MAX_URL_LENGTH = 2048
@@ -205,7 +210,13 @@ def resolve_and_check(host: str, port: int, allow_private: Allowance) -> str:
     return _check_resolved(host, _addresses(infos), allow_private)
 
 
-async def _getaddrinfo(host: str, port: int) -> list[str]:
+# (host, port) -> the host's addresses, in the order to try them; TargetUnresolvable when
+# it has none.
+Lookup = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def system_lookup(host: str, port: int) -> list[str]:
+    """The system resolver (getaddrinfo) on the running loop."""
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(
@@ -216,12 +227,13 @@ async def _getaddrinfo(host: str, port: int) -> list[str]:
     return _addresses(infos)
 
 
-# (host, port) -> (expires_at, lookup task). Caching the task, not its answer, makes
-# concurrent deliveries to one host share a single getaddrinfo call.
-_lookups: dict[tuple[str, int], tuple[float, asyncio.Task[list[str]]]] = {}
+# (host, port, lookup) -> (expires_at, lookup task). Caching the task, not its answer,
+# makes concurrent deliveries to one host share a single getaddrinfo call.
+_LookupKey = tuple[str, int, Lookup]
+_lookups: dict[_LookupKey, tuple[float, asyncio.Task[list[str]]]] = {}
 
 
-def _expire_failed_lookup(key: tuple[str, int], task: asyncio.Task[list[str]]) -> None:
+def _expire_failed_lookup(key: _LookupKey, task: asyncio.Task[list[str]]) -> None:
     entry = _lookups.get(key)
     if entry is None or entry[1] is not task:
         return
@@ -231,8 +243,8 @@ def _expire_failed_lookup(key: tuple[str, int], task: asyncio.Task[list[str]]) -
         _lookups[key] = (time.monotonic() + RESOLVE_FAILURE_TTL_S, task)
 
 
-def _lookup(host: str, port: int) -> asyncio.Task[list[str]]:
-    key = (host, port)
+def _lookup(host: str, port: int, lookup: Lookup) -> asyncio.Task[list[str]]:
+    key = (host, port, lookup)
     now = time.monotonic()
     loop = asyncio.get_running_loop()
     entry = _lookups.get(key)
@@ -244,21 +256,25 @@ def _lookup(host: str, port: int) -> asyncio.Task[list[str]]:
             del _lookups[stale]
         if len(_lookups) >= RESOLVE_CACHE_MAX:
             _lookups.clear()
-    task = loop.create_task(_getaddrinfo(host, port))
+    task = loop.create_task(lookup(host, port))
     task.add_done_callback(lambda done: _expire_failed_lookup(key, done))
     _lookups[key] = (now + RESOLVE_TTL_S, task)
     return task
 
 
-# (host, port) -> (the lookup task it was checked from, allow_private, the address to pin)
-_checked_pins: dict[tuple[str, int], tuple[asyncio.Task[list[str]], Allowance, str]] = {}
+# (host, port, lookup) -> (the lookup task it was checked from, allow_private, the address
+# to pin)
+_checked_pins: dict[_LookupKey, tuple[asyncio.Task[list[str]], Allowance, str]] = {}
 
 
-def cached_pin(host: str, port: int, allow_private: Allowance) -> str | None:
+def cached_pin(
+    host: str, port: int, allow_private: Allowance, lookup: Lookup = system_lookup
+) -> str | None:
     """The address to pin from a fresh, finished lookup on this loop, without waiting (the
     worker's path for every request but a host's first in a while); None when there is no
     such lookup yet. Raises TargetRefused like `resolve_and_check_async`."""
-    entry = _lookups.get((host, port))
+    key = (host, port, lookup)
+    entry = _lookups.get(key)
     if entry is None or entry[0] <= time.monotonic():
         return None
     task = entry[1]
@@ -266,20 +282,22 @@ def cached_pin(host: str, port: int, allow_private: Allowance) -> str | None:
         return None
     if task.get_loop() is not asyncio.get_running_loop():
         return None
-    checked = _checked_pins.get((host, port))
+    checked = _checked_pins.get(key)
     if checked is not None and checked[0] is task and checked[1] == allow_private:
         return checked[2]
     check_host(host.lower(), allow_private)
     pin = _check_resolved(host, task.result(), allow_private)
     if len(_checked_pins) >= RESOLVE_CACHE_MAX:
         _checked_pins.clear()
-    _checked_pins[(host, port)] = (task, allow_private, pin)
+    _checked_pins[key] = (task, allow_private, pin)
     return pin
 
 
-async def resolve_and_check_async(host: str, port: int, allow_private: Allowance) -> str:
+async def resolve_and_check_async(
+    host: str, port: int, allow_private: Allowance, lookup: Lookup = system_lookup
+) -> str:
     """`resolve_and_check` on the running loop, with answers cached for RESOLVE_TTL_S."""
     check_host(host.lower(), allow_private)
     # shield: one caller's cancellation must not cancel the lookup others share.
-    addresses = await asyncio.shield(_lookup(host, port))
+    addresses = await asyncio.shield(_lookup(host, port, lookup))
     return _check_resolved(host, addresses, allow_private)

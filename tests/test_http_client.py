@@ -1,6 +1,5 @@
 import asyncio
 import ipaddress
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -13,9 +12,12 @@ from engine.http_client import CurlPool, HttpResult
 from engine.http_transfer import classify_error
 from tests.kit.httpserver_helpers import (
     BIG_BODY,
+    PINNED_HOST,
     ScriptedServer,
     assert_loopback,
+    assert_system_cannot_resolve,
     closed_port,
+    loopback_lookup,
     scripted_server,
 )
 
@@ -30,11 +32,12 @@ def server() -> Iterator[ScriptedServer]:
 
 @pytest.fixture(params=["asyncio", "uvloop"])
 def run(request: pytest.FixtureRequest) -> Callable[[Callable[[CurlPool], Awaitable]], object]:
-    """Run a coroutine taking a fresh CurlPool, on asyncio's loop and on uvloop."""
+    """Run a coroutine taking a fresh CurlPool (made with `pool_args`), on asyncio's loop
+    and on uvloop."""
 
-    def runner(body: Callable[[CurlPool], Awaitable]) -> object:
+    def runner(body: Callable[[CurlPool], Awaitable], **pool_args: object) -> object:
         async def main() -> object:
-            pool = CurlPool()
+            pool = CurlPool(**pool_args)
             try:
                 return await body(pool)
             finally:
@@ -206,6 +209,38 @@ def test_pin_reaches_server(server: ScriptedServer, run) -> None:
     assert headers["Host"] == f"pinned.invalid:{port}"
 
 
+LOOPBACK_ONLY = (ipaddress.ip_network("127.0.0.0/8"),)  # allow_targets for loopback
+
+
+def test_checked_request_connects_to_the_address_its_lookup_checked(
+    server: ScriptedServer, run
+) -> None:
+    """The connect-time check resolves the name (here with a stand-in that knows
+    pinned.invalid as 127.0.0.1, which the system resolver does not), checks the address
+    against the policy (loopback allowed by an allow-list, so the check runs) and pins it:
+    the request arrives, Host header intact, only if curl connects to the pinned address.
+    Without the pin curl resolves the name itself, and fails (`dns`). Both the path that
+    waits for the lookup and the one from its cached answer."""
+    assert_system_cannot_resolve(PINNED_HOST)
+    port = server.server_address[1]
+    url = f"http://{PINNED_HOST}:{port}/ok"
+
+    async def checked(pool: CurlPool) -> list[HttpResult | None]:
+        first = await pool.post_checked(url, HEADERS, b"{}", 5000, LOOPBACK_ONLY)
+        done: asyncio.Future[HttpResult | None] = asyncio.get_running_loop().create_future()
+        pool.start_checked(url, HEADERS, b"{}", 5000, LOOPBACK_ONLY, done.set_result)
+        assert not pool._checking  # the cached answer: started at once, pinned
+        return [first, await done]
+
+    results = run(checked, lookup=loopback_lookup)
+    assert [(r.status_code, r.error) if r else None for r in results] == [(200, None)] * 2
+    assert [headers["Host"] for _, headers, _ in server.requests] == [f"{PINNED_HOST}:{port}"] * 2
+    # The premise, through curl: unpinned, the name does not resolve.
+    unpinned = run(lambda pool: post(pool, url))
+    assert unpinned.error == "dns", unpinned
+    assert len(server.requests) == 2
+
+
 def test_cancelled_post_frees_the_handle(server: ScriptedServer, run) -> None:
     async def cancel_then_post(pool: CurlPool) -> HttpResult:
         hanging = asyncio.ensure_future(post(pool, f"{server.base_url}/hang"))
@@ -301,18 +336,13 @@ def test_start_hands_the_result_to_the_callback_and_close_hands_back_none(
 def test_start_checked_refuses_a_private_target_by_lookup_then_from_the_cache(
     server: ScriptedServer, run
 ) -> None:
-    """The machine's own name resolves to a loopback address (/etc/hosts): the first request
-    waits for the lookup, the second is refused from the cached answer; neither is sent."""
-    host = socket.gethostname()
-    try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, 80)}
-    except socket.gaierror:
-        pytest.skip(f"{host!r} does not resolve here")
-    if not all(ipaddress.ip_address(a).is_loopback for a in addresses):
-        pytest.skip(f"{host!r} does not resolve to loopback only: {addresses}")
+    """A name that resolves to a loopback address (pinned.invalid, from the stand-in
+    lookup): the first request waits for the lookup, the second is refused from the cached
+    answer; neither is sent."""
+    host = PINNED_HOST
     url = f"http://{host}:{server.server_address[1]}/ok"
 
-    key = (host, server.server_address[1])
+    key = (host, server.server_address[1], loopback_lookup)
     literal = f"http://127.0.0.1:{server.server_address[1]}/ok"
 
     async def send(pool: CurlPool, target: str) -> tuple[HttpResult | None, bool]:
@@ -330,7 +360,7 @@ def test_start_checked_refuses_a_private_target_by_lookup_then_from_the_cache(
         assert targets._lookups[key][1] is lookup  # answered from it: no second lookup
         return [first, second, await send(pool, literal)]
 
-    results = run(twice)
+    results = run(twice, lookup=loopback_lookup)
     assert [r.error if r else None for r, _ in results] == ["refused_target"] * 3
     # The first waited for its lookup, the second was refused at once from the cache,
     # the IP literal needed none.

@@ -30,6 +30,7 @@ from engine.metrics import count_results, instruments
 from engine.oplog import Outage, log_event
 from engine.send_pacing import SEND_AT_ONCE_S, SendSchedule
 from engine.signing import build_headers
+from engine.targets import Lookup, system_lookup
 from engine.worker import outcome
 from engine.worker.claim_policy import ClaimPolicy, claim_outlived_lease
 from engine.worker.connection import RECONNECT_DELAY_S, DatabaseGone, connect
@@ -72,9 +73,13 @@ def message_id(event_id: int) -> str:
 RATE_LATE_S = 0.5
 
 class DeliveryWorker:
-    def __init__(self, settings: Settings, dsn: str, worker: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, dsn: str, worker: str | None = None,
+        lookup: Lookup = system_lookup,
+    ) -> None:
         self.settings = settings
         self.dsn = dsn
+        self.lookup = lookup  # resolves destination names (engine/targets.py)
         self.worker = worker or worker_id()
         self.capacity = settings.max_in_flight  # requests with libcurl at once
         self.policy = ClaimPolicy(self.capacity)
@@ -121,7 +126,7 @@ class DeliveryWorker:
         self.http_idle = asyncio.Event()
         self.stop_requested = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
-        self.http = CurlPools(self.capacity)
+        self.http = CurlPools(self.capacity, lookup=self.lookup)
         self.claim_conn = await self._connect(listen=True)
         await self.recorder.open()
         claimer = loop.create_task(self._claim_loop())

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from engine.targets import TargetUnresolvable
+
 BIG_BODY = b"x" * 100_000
 
 
@@ -19,6 +21,29 @@ def assert_loopback(url: str) -> str:
     if host != "pinned.invalid" and not ipaddress.ip_address(host).is_loopback:
         raise AssertionError(f"test URL {url!r} is not on loopback")
     return url
+
+
+# A name that only the engine's resolution step knows: `.invalid` never resolves (RFC 6761),
+# so a request to it reaches a server only at the address the engine checked and pinned.
+PINNED_HOST = "pinned.invalid"
+
+
+async def loopback_lookup(host: str, port: int) -> list[str]:
+    """A stand-in for the system resolver (engine.targets.Lookup): PINNED_HOST is
+    127.0.0.1, every other name does not resolve."""
+    if host == PINNED_HOST:
+        return ["127.0.0.1"]
+    raise TargetUnresolvable(f"host {host!r} does not resolve (loopback_lookup)")
+
+
+def assert_system_cannot_resolve(host: str) -> None:
+    """The premise of a pinning test: the system resolver has no answer for `host` (one in
+    /etc/hosts, say, would let a request arrive without the pin)."""
+    try:
+        answer = socket.getaddrinfo(host, 80)
+    except socket.gaierror:
+        return
+    raise AssertionError(f"the system resolves {host!r} ({answer}): the test needs it not to")
 
 
 def closed_port() -> int:
