@@ -69,6 +69,8 @@ bind() {  # bind SOURCE TARGET [mount options...]
     mount "${@:3}" "$1" "$2"
     mounted+=("$2")
 }
+# The root a mount point of its own, as a machine's is (unshare --propagation needs it).
+bind "$ROOTFS" "$ROOTFS" --bind
 bind proc "$ROOTFS/proc" -t proc
 bind sysfs "$ROOTFS/sys" -t sysfs
 bind /dev "$ROOTFS/dev" --rbind
