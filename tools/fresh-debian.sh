@@ -33,7 +33,7 @@ cleanup() {
     for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
         umount -l "${mounted[$i]}" 2>/dev/null || true
     done
-    if [ "$KEEP" = 0 ]; then rm -rf "$WORK"; else echo "kept $ROOTFS" >&2; fi
+    if [ "$KEEP" = 0 ]; then rm -rf --one-file-system "$WORK"; else echo "kept $ROOTFS" >&2; fi
 }
 trap cleanup EXIT
 
