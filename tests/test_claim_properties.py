@@ -283,7 +283,7 @@ def drain_result(claim: Claim, kind: str, now: dt.datetime) -> Result:
         return released(claim, now)
     if kind == "delivered":
         return answer(claim, 200, now, DRAIN_SCHEDULE)
-    return answer(claim, 500, now, DRAIN_SCHEDULE if kind == "retry" else (), now=lambda: now)
+    return answer(claim, 500, now, DRAIN_SCHEDULE if kind == "retry" else ())
 
 
 def check_drained(conn: psycopg.Connection, holds: list[Hold], enqueued: Enqueued) -> None:
@@ -902,8 +902,8 @@ class QueueMachine(RuleBasedStateMachine):
             # modelled: a 500 instead.
             outcome = "fail"
         status = {"ok": 200, "fail": 500, "gone": 410}[outcome]
-        return answer(h.claim, status, self.clock, self.schedule, now=lambda: self.clock,
-                      rng=self.rng, duration_ms=5)
+        return answer(h.claim, status, self.clock, self.schedule, rng=self.rng,
+                      duration_ms=5)
 
     @precondition(lambda self: self._stale())
     @rule(data=st.data())

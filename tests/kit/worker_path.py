@@ -104,14 +104,15 @@ async def _awaited(awaitable: Awaitable[T]) -> T:
 
 
 def answer(claim: Claim, status: int, started_at: dt.datetime, schedule: Sequence[float], *,
-           now: Callable[[], dt.datetime] | None = None, rng: random.Random | None = None,
+           now: dt.datetime | None = None, rng: random.Random | None = None,
            duration_ms: float = 1.0, body: bytes = b"") -> Result:
     """The Result of an HTTP answer with `status` to `claim`, as the worker makes it
     (outcome.response_result): delivered, retry or dead per `schedule`, gone for a 410;
-    with the claim's token."""
+    with the claim's token. `now`: the time the worker makes it, from which a retry's
+    delay runs (default: `started_at`)."""
     response = HttpResult(status, body, None, duration_ms, None, started_at.timestamp())
-    return outcome.response_result(claim, response, schedule, now=now or outcome.utcnow,
-                                   rng=rng)
+    made_at = started_at if now is None else now
+    return outcome.response_result(claim, response, schedule, now=lambda: made_at, rng=rng)
 
 
 def released(claim: Claim, at: dt.datetime | None = None) -> Result:
