@@ -166,6 +166,9 @@ def claim_as_a_worker(path: WorkerPath, conn: psycopg.Connection, plan: Plan, se
     held: dict[int, list[queue.Claim]] = {}  # spares not started, per destination
     handed: set[int] = set()  # spares started in a handed-on slot
     stale: list[Result] = []  # results of claims reaped or released meanwhile
+    # Released claims by delivery id: if this claimer gets the delivery back at the same
+    # attempt, only the token tells the old claim's result from the new one's.
+    given_back: dict[int, Result] = {}
     started = time.monotonic()
     while time.monotonic() - started < DEADLINE_S:
         if stale and rng.random() < 0.3:
@@ -183,15 +186,26 @@ def claim_as_a_worker(path: WorkerPath, conn: psycopg.Connection, plan: Plan, se
             if unsent and rng.random() < 0.5:
                 # Spares with nothing running beside them go back.
                 held.clear()
-                given_back = [released(c) for c in unsent]
-                path.record(given_back)
-                stale += given_back
+                spares_back = [released(c) for c in unsent]
+                path.record(spares_back)
+                given_back.update((r.id, r) for r in spares_back)
                 found += violations(conn)
                 continue
             limit = rng.randint(1, plan.max_limit)
             claims = path.claim(limit, int(0.25 * limit))
             for claim in claims:
                 running.start(claim, found)
+        again = [given_back.pop(c.id) for c in claims if c.id in given_back]
+        if same_attempt := [r for r in again
+                            if r.attempt == next(c.attempt for c in claims if c.id == r.id)]:
+            # Back to this claimer at the same attempt: the released claim's result
+            # written again now must not touch the new claim (nor its slot).
+            applied = path.record(same_attempt)
+            if applied:
+                found.append(f"{name}: {applied} of {len(same_attempt)} stale results of"
+                             " released claims applied to the same deliveries claimed"
+                             " again by the same worker at the same attempt")
+            found += violations(conn)
         found += violations(conn)
         if not claims:
             if held:
@@ -217,7 +231,7 @@ def claim_as_a_worker(path: WorkerPath, conn: psycopg.Connection, plan: Plan, se
                       else answer(claim, 200 if outcome == "delivered" else 500, t,
                                   SCHEDULE if outcome == "retry" else ()))
             if outcome == "released":
-                stale.append(result)
+                given_back[claim.id] = result
             cap = claim.max_in_flight
             if outcome == "delivered" and cap is not None:
                 at_hand = held.get(claim.destination_id)

@@ -860,6 +860,23 @@ class QueueMachine(RuleBasedStateMachine):
         # Failures often enough to open breakers; a 410 rarely, since it disables.
         outcomes = [data.draw(st.sampled_from(self.outcomes),
                               label=f"outcome of delivery {h.delivery}") for h in batch]
+        self._record(worker, batch, outcomes)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def give_back_and_claim_again(self, data: st.DataObject) -> None:
+        """A worker gives a claim back unsent (a 'released' result) and claims again
+        with room for everything due: the delivery, due at once, comes back to it at the
+        same attempt number under a new token, unless something keeps it (a pause, the
+        breaker). The given-back claim's result is then stale (stale_result)."""
+        h = data.draw(st.sampled_from(self.held))
+        self._record(h.worker, [h], ["release"])
+        self.claim(h.worker, 50, 0, set(), False)
+
+    def _record(self, worker: str, batch: list[HeldClaim], outcomes: list[str]) -> None:
+        """The worker's result write (queue_async.record_results) of `batch`, each with its
+        outcome, against the model."""
+        chosen = [h for h in batch if h in self.held]
         results = [self._result(h, outcome) for h, outcome in zip(batch, outcomes, strict=True)]
 
         applied = self.paths[worker].record(results)
