@@ -6,9 +6,14 @@ claimers also hold spares (claims that take no slot) and hand a success's slot o
 (record_results.sql, `handed`), as a worker does: the requests they have "running" for
 a destination, counted across claimers, never exceed its cap.
 
-Each claimer is a thread with its own connection, like a worker process; after each of its
-steps it checks the invariants in one statement (one snapshot: a claim or result changes
-the counter and the rows in one transaction), and so does a watcher thread in a loop.
+Each claimer is a thread with the worker's own claim and record path (tests/kit/
+worker_path.py: its two connections and the queue_async functions DeliveryWorker and its
+recorder call), like a worker process, and builds its results as the worker does, with
+their claim's token. Results of claims it lost (reaped) or gave back (released) are
+written again later, as a worker that came back or a late duplicate would: they must
+change nothing. After each of its steps a claimer checks the invariants in one statement
+(one snapshot: a claim or result changes the counter and the rows in one transaction),
+and so does a watcher thread in a loop.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Sequence
+import traceback
 from dataclasses import dataclass
 
 import msgspec
@@ -30,6 +35,7 @@ from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, EventIn, Result
 from tests.kit.data import LEASE_MS, add_destination, now
 from tests.kit.dbserver import truncate_all
+from tests.kit.worker_path import WorkerPath, answer, released
 
 pytestmark = pytest.mark.pg_versions
 
@@ -40,7 +46,12 @@ OUTCOMES = ("delivered", "retry", "dead", "released", "reaped")
 # deliveries claimed one at a time with three releases in five took over 60 s with the
 # suite running twice beside it (2026-12-01, tools/test-loaded.sh with CI alongside).
 DEADLINE_S = 300.0
+# How long the test waits for its threads beyond that: a claimer checks its deadline only
+# between steps.
+JOIN_GRACE_S = 60.0
 NO_BREAKER = BreakerSettings(threshold=1_000_000_000)
+# Every retry is due at once; the last attempt's failure is dead.
+SCHEDULE = (0.0,) * (MAX_ATTEMPTS - 1)
 
 # Per capped destination, in one snapshot: its counter, the in-flight deliveries holding a
 # slot, and its cap. (More rows than the cap may be in flight: spares hold no slot.)
@@ -121,94 +132,144 @@ def plans(draw: st.DrawFn) -> Plan:
 
 def claimer(dsn: str, name: str, plan: Plan, seed: int, refills: bool, spares: bool,
             running: Running, found: list[str], done: threading.Event) -> None:
+    try:
+        path = WorkerPath(dsn, name, lease_ms=LEASE_MS, breaker=NO_BREAKER)
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:  # checks, and the reaper
+                claim_as_a_worker(path, conn, plan, seed, refills, spares, running, found,
+                                  done)
+        finally:
+            path.close()
+    except BaseException:
+        found.append(f"{name} failed:\n{traceback.format_exc()}")
+        done.set()
+
+
+def claim_as_a_worker(path: WorkerPath, conn: psycopg.Connection, plan: Plan, seed: int,
+                      refills: bool, spares: bool, running: Running, found: list[str],
+                      done: threading.Event) -> None:
     """Claim, then answer each claim by the plan's outcome mix, until nothing is left;
     with `refills`, as a worker does with capped destinations: each success asks the
     result write to claim its slot again, and what that refills is answered next. With
     `spares` too, the write also claims spares, and a success with a spare of its
     destination at hand starts it at once and hands it its slot."""
+    """Claim (first_attempt_share 0.25 of the limit in reserve, as a worker's default),
+    then answer each claim by the plan's outcome mix, until nothing is left; with
+    `refills`, as a worker does with capped destinations: each success asks the result
+    write to claim its slot again, and what that refills is answered next. With `spares`
+    too, the write also claims spares, and a success with a spare of its destination at
+    hand starts it at once and hands it its slot. Now and then, the results of claims
+    this claimer lost or gave back are written again: none may apply."""
+    name = path.worker
     rng = random.Random(seed)
     pending: list[queue.Claim] = []  # running: answered in the next round
     held: dict[int, list[queue.Claim]] = {}  # spares not started, per destination
     handed: set[int] = set()  # spares started in a handed-on slot
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        started = time.monotonic()
-        while time.monotonic() - started < DEADLINE_S:
-            if pending:
-                claims, pending = pending, []
-            else:
-                unsent = [c for waiting in held.values() for c in waiting]
-                if unsent and rng.random() < 0.5:
-                    # Spares with nothing running beside them go back.
-                    held.clear()
-                    queue.record_results(conn, name, [
-                        Result(c.id, c.attempt, "released", now(conn), claim_token=c.claim_token)
-                        for c in unsent], NO_BREAKER)
-                    found += violations(conn)
-                    continue
-                claims = queue.claim_batch(conn, name, rng.randint(1, plan.max_limit),
-                                           LEASE_MS)
-                for claim in claims:
-                    running.start(claim, found)
+    stale: list[Result] = []  # results of claims reaped or released meanwhile
+    # Released claims by delivery id: if this claimer gets the delivery back at the same
+    # attempt, only the token tells the old claim's result from the new one's.
+    given_back: dict[int, Result] = {}
+    started = time.monotonic()
+    while time.monotonic() - started < DEADLINE_S:
+        if stale and rng.random() < 0.3:
+            late, stale = stale, []
+            applied = path.record(late)
+            if applied:
+                found.append(f"{name}: {applied} of {len(late)} stale results (claims"
+                             " reaped or released, the rows claimed again) applied")
             found += violations(conn)
-            if not claims:
-                if held:
-                    continue  # released above, by and by
-                if done.is_set() or not conn.execute("SELECT 1 FROM deliveries LIMIT 1"
-                                                     ).fetchone():
-                    done.set()
-                    return
-                continue
-            t = now(conn)
-            results, reaped = [], []
-            wanted: dict[int, int] = {}  # destination -> successes, for the refill
-            ask_spares: dict[int, int] = {}
-            for claim in claims:
-                running.end(claim)
-                outcome = rng.choices(OUTCOMES, plan.weights)[0]
-                if outcome == "retry" and claim.attempt >= MAX_ATTEMPTS:
-                    outcome = "dead"
-                if outcome == "reaped":
-                    reaped.append(claim.id)
-                    continue
-                result = Result(claim.id, claim.attempt, outcome, t, 1, 500, "x", None,
-                                t if outcome == "retry" else None, claim.claim_token)
-                cap = claim.max_in_flight
-                if outcome == "delivered" and cap is not None:
-                    at_hand = held.get(claim.destination_id)
-                    holds = claim.holds_slot or claim.id in handed
-                    if spares and holds and at_hand:
-                        spare = at_hand.pop()
-                        if not at_hand:
-                            del held[claim.destination_id]
-                        running.start(spare, found)
-                        handed.add(spare.id)
-                        pending.append(spare)
-                        result = msgspec.structs.replace(result, slot_to=spare.id,
-                                                         slot_to_token=spare.claim_token)
-                    else:
-                        wanted[claim.destination_id] = wanted.get(claim.destination_id, 0) + 1
-                    if spares:
-                        ask_spares[claim.destination_id] = cap - len(at_hand or ())
-                results.append(result)
-            if refills:
-                refilled = queue.record_results_and_refill(conn, name, results, LEASE_MS,
-                                                           wanted, NO_BREAKER, ask_spares)
-                for claim in refilled:
-                    if claim.holds_slot:
-                        running.start(claim, found)
-                        pending.append(claim)
-                    else:
-                        held.setdefault(claim.destination_id, []).append(claim)
-            else:
-                queue.record_results(conn, name, results, NO_BREAKER)
-            found += violations(conn)
-            if reaped:
-                # A lost host: its leases run out and the reaper returns them.
-                conn.execute("UPDATE deliveries SET locked_until = now() - interval '1 s'"
-                             " WHERE id = ANY(%s)", (reaped,))
-                reap_expired(conn, MAX_ATTEMPTS)
+            continue
+        if pending:
+            claims, pending = pending, []
+        else:
+            unsent = [c for waiting in held.values() for c in waiting]
+            if unsent and rng.random() < 0.5:
+                # Spares with nothing running beside them go back.
+                held.clear()
+                spares_back = [released(c) for c in unsent]
+                path.record(spares_back)
+                given_back.update((r.id, r) for r in spares_back)
                 found += violations(conn)
-        found.append(f"{name}: not drained after {DEADLINE_S} s")
+                continue
+            limit = rng.randint(1, plan.max_limit)
+            claims = path.claim(limit, int(0.25 * limit))
+            for claim in claims:
+                running.start(claim, found)
+        again = [given_back.pop(c.id) for c in claims if c.id in given_back]
+        if same_attempt := [r for r in again
+                            if r.attempt == next(c.attempt for c in claims if c.id == r.id)]:
+            # Back to this claimer at the same attempt: the released claim's result
+            # written again now must not touch the new claim (nor its slot).
+            applied = path.record(same_attempt)
+            if applied:
+                found.append(f"{name}: {applied} of {len(same_attempt)} stale results of"
+                             " released claims applied to the same deliveries claimed"
+                             " again by the same worker at the same attempt")
+            found += violations(conn)
+        found += violations(conn)
+        if not claims:
+            if held:
+                continue  # released above, by and by
+            if done.is_set() or not conn.execute("SELECT 1 FROM deliveries LIMIT 1"
+                                                 ).fetchone():
+                done.set()
+                return
+            continue
+        t = now(conn)
+        results, reaped = [], []
+        wanted: dict[int, int] = {}  # destination -> successes, for the refill
+        ask_spares: dict[int, int] = {}
+        for claim in claims:
+            running.end(claim)
+            outcome = rng.choices(OUTCOMES, plan.weights)[0]
+            if outcome == "reaped":
+                reaped.append(claim.id)
+                # The host comes back later and writes its success.
+                stale.append(answer(claim, 200, t, SCHEDULE))
+                continue
+            result = (released(claim, t) if outcome == "released"
+                      else answer(claim, 200 if outcome == "delivered" else 500, t,
+                                  SCHEDULE if outcome == "retry" else ()))
+            if outcome == "released":
+                given_back[claim.id] = result
+            cap = claim.max_in_flight
+            if outcome == "delivered" and cap is not None:
+                at_hand = held.get(claim.destination_id)
+                holds = claim.holds_slot or claim.id in handed
+                if spares and holds and at_hand:
+                    spare = at_hand.pop()
+                    if not at_hand:
+                        del held[claim.destination_id]
+                    running.start(spare, found)
+                    handed.add(spare.id)
+                    pending.append(spare)
+                    result = msgspec.structs.replace(result, slot_to=spare.id,
+                                                     slot_to_token=spare.claim_token)
+                else:
+                    wanted[claim.destination_id] = wanted.get(claim.destination_id, 0) + 1
+                if spares:
+                    ask_spares[claim.destination_id] = cap - len(at_hand or ())
+            results.append(result)
+        if refills:
+            refilled = path.record_and_refill(results, wanted, ask_spares)
+            for claim in refilled:
+                if claim.holds_slot:
+                    running.start(claim, found)
+                    pending.append(claim)
+                else:
+                    held.setdefault(claim.destination_id, []).append(claim)
+        else:
+            applied = path.record(results)
+            if applied != len(results):
+                found.append(f"{name}: {applied} of its {len(results)} results applied")
+        found += violations(conn)
+        if reaped:
+            # A lost host: its leases run out and the reaper returns them.
+            conn.execute("UPDATE deliveries SET locked_until = now() - interval '1 s'"
+                         " WHERE id = ANY(%s)", (reaped,))
+            reap_expired(conn, MAX_ATTEMPTS)
+            found += violations(conn)
+    found.append(f"{name}: not drained after {DEADLINE_S} s")
 
 
 def watch(dsn: str, found: list[str], done: threading.Event) -> int:
@@ -234,13 +295,19 @@ def run_plan(dsn: str, conn: psycopg.Connection, plan: Plan) -> list[str]:
                                       found, done))
                for n, (seed, refills, spares)
                in enumerate(zip(plan.seeds, plan.refills, plan.spares, strict=True))]
-    watcher = threading.Thread(target=watch, args=(dsn, found, done))
+    watcher = threading.Thread(target=watch, args=(dsn, found, done), daemon=True)
     for thread in [*threads, watcher]:
+        thread.daemon = True
         thread.start()
+    deadline = time.monotonic() + DEADLINE_S + JOIN_GRACE_S
     for thread in threads:
-        thread.join()
+        thread.join(max(0.0, deadline - time.monotonic()))
     done.set()
-    watcher.join()
+    watcher.join(JOIN_GRACE_S)
+    stuck = [f"claimer w{n}" for n, thread in enumerate(threads) if thread.is_alive()]
+    stuck += ["the watcher"] if watcher.is_alive() else []
+    assert not stuck, (f"{', '.join(stuck)} did not finish within"
+                       f" {DEADLINE_S + JOIN_GRACE_S:.0f} s; found so far: {found}")
     found += violations(conn)
     left = conn.execute("SELECT count(*) FROM deliveries").fetchone()
     if left and left[0]:
@@ -261,26 +328,28 @@ def test_cap_is_never_exceeded_and_the_counter_is_exact(
 
 
 def test_a_cap_set_or_removed_while_deliveries_are_in_flight(
-    conn: psycopg.Connection,
+    dsn: str, conn: psycopg.Connection,
 ) -> None:
     """Claims made without a cap hold no slot, so setting a cap under them, or removing
     one, never drives the counter away from the slots really held."""
     dest = add_destination(conn)
     with conn.transaction():
         queue.enqueue_events(conn, [EventIn("t", "{}", [dest]) for _ in range(10)])
-    uncapped = queue.claim_batch(conn, "w", 4, LEASE_MS)
-    conn.execute("UPDATE destinations SET max_in_flight = 5 WHERE id = %s", (dest,))
-    capped = queue.claim_batch(conn, "w", 10, LEASE_MS)
-    # Nine in flight, five of them holding the cap's slots: the four claimed before the
-    # cap hold none.
-    assert len(capped) == 5 and violations(conn) == []
-    held = conn.execute("SELECT count(*) FROM deliveries WHERE status = 'in_flight'"
-                        " AND holds_slot").fetchone()
-    assert held == (5,)
-    t = now(conn)
-    finish: Sequence[queue.Claim] = uncapped
-    queue.record_results(conn, "w", [Result(c.id, c.attempt, "delivered", t, 1, 200)
-                                     for c in finish])
+    path = WorkerPath(dsn, "w", lease_ms=LEASE_MS, breaker=NO_BREAKER)
+    try:
+        uncapped = path.claim(4)
+        conn.execute("UPDATE destinations SET max_in_flight = 5 WHERE id = %s", (dest,))
+        capped = path.claim(10)
+        # Nine in flight, five of them holding the cap's slots: the four claimed before
+        # the cap hold none.
+        assert len(capped) == 5 and violations(conn) == []
+        held = conn.execute("SELECT count(*) FROM deliveries WHERE status = 'in_flight'"
+                            " AND holds_slot").fetchone()
+        assert held == (5,)
+        t = now(conn)
+        assert path.record([answer(c, 200, t, SCHEDULE) for c in uncapped]) == 4
+    finally:
+        path.close()
     assert violations(conn) == []
     conn.execute("UPDATE destinations SET max_in_flight = NULL WHERE id = %s", (dest,))
     queue.release_claims(conn, "w", MAX_ATTEMPTS)

@@ -2,12 +2,18 @@
 
 1. Concurrent claimers on separate connections (threads, then processes) never hold the
    same delivery at once, keep ordered keys strictly in order, and together drain
-   everything claimable, with one attempt row per attempt made.
-2. A state machine of enqueue / claim / results / reap / release / replay / pause /
-   resume / advance time, checked against a pure-Python model after every step, on a
-   frozen, movable database clock; the breaker is part of the model, and a second
-   machine narrows the model down to it so that runs reach half-open probes.
+   everything claimable, with one attempt row per attempt made; a stale result (the
+   token of a claim given back, the delivery claimed again) changes nothing.
+2. A state machine of enqueue / claim / results / stale results / reap / release /
+   replay / pause / resume / advance time, checked against a pure-Python model after
+   every step, on a frozen, movable database clock; the breaker is part of the model,
+   and a second machine narrows the model down to it so that runs reach half-open probes.
 3. The retry schedule and its parsers.
+
+Claims and results go through the worker's own path (tests/kit/worker_path.py: the
+queue_async functions DeliveryWorker and its recorder call, on connections opened as
+the worker opens them), and results are built as the worker builds them, with their
+claim's token.
 
 Every property runs at least 200 examples by default (about two minutes in all).
 """
@@ -18,13 +24,15 @@ import datetime as dt
 import itertools
 import math
 import multiprocessing as mp
+import queue as queue_module
 import random
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import traceback
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Iterator, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from typing import Any, ClassVar, NamedTuple
 
 import psycopg
@@ -39,12 +47,15 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from psycopg import AsyncRawCursor
 
-from engine import queue, retry
+from engine import queries, queue, queue_async, retry
+from engine.database import repeat_until_short_async, run_statement_async
 from engine.maintenance.reaper import reap_expired
-from engine.queue import BreakerSettings, EventIn, Result
+from engine.queue import BreakerSettings, Claim, EventIn, Result
 from tests.kit.data import add_destination
 from tests.kit.dbserver import stop_autovacuum, truncate_all
+from tests.kit.worker_path import WorkerPath, answer, released
 
 pytestmark = pytest.mark.pg_versions
 
@@ -61,6 +72,8 @@ MAX_CLAIMERS = 8
 # does when the schedule runs out; it bounds every example.
 DRAIN_MAX_ATTEMPTS = 4
 DRAIN_OUTCOMES = ("delivered", "retry", "dead", "released")
+# The retry schedule of the drains: every retry is due at once.
+DRAIN_SCHEDULE = (0.0,) * (DRAIN_MAX_ATTEMPTS - 1)
 # Only a guard against a claimer that never finishes: a healthy example drains in well
 # under a second on a quiet machine, but a loaded one stretched a similar one-at-a-time
 # plan in tests/test_cap_counter.py past 60 s.
@@ -176,28 +189,37 @@ class HoldTracker:
 
 
 def drain_as(
-    conn: psycopg.Connection,
-    worker: str,
+    path: WorkerPath,
     plan: DrainPlan,
     seed: int,
     unfinished: Any,
     stop: Any,
     tracker: HoldTracker | None = None,
-) -> list[Hold]:
-    """Claim and record results until every delivery is finished (delivered or dead).
-    Retries are due at once, so the claimers race for them again."""
+) -> tuple[list[Hold], int]:
+    """Claim and record results through the worker's own path until every delivery is
+    finished (delivered or dead); returns the holds and how many stale results were
+    recorded. Retries are due at once, so the claimers race for them again.
+
+    Stale results: a claim this claimer gave back (released: the attempt is undone) and
+    later claimed again itself, at the same attempt number, differs from the new claim
+    only by its token. Its result is then written late, by the record connection, before
+    the new claim's own: the token guard (record_results.sql) must leave the row alone."""
     rng = random.Random(seed)
-    breaker = (NO_BREAKER if plan.breaker_threshold is None
-               else BreakerSettings(plan.breaker_threshold, base_pause_ms=1, max_pause_ms=4))
+    worker = path.worker
+    path.breaker = (NO_BREAKER if plan.breaker_threshold is None
+                    else BreakerSettings(plan.breaker_threshold, base_pause_ms=1,
+                                         max_pause_ms=4))
     deadline = time.monotonic() + DRAIN_DEADLINE_S
     holds: list[Hold] = []
+    given_back: dict[int, Claim] = {}  # delivery id -> the claim this claimer released
+    stale_recorded = 0
     idle_sleep = 0.0
     while unfinished.value > 0 and not stop.is_set():
         if time.monotonic() > deadline:
             raise AssertionError(f"{worker}: {unfinished.value} deliveries never drained")
         limit = rng.randint(1, plan.max_limit)
         reserve = rng.randint(0, limit)
-        claims = queue.claim_batch(conn, worker, limit, DRAIN_LEASE_MS, reserve)
+        claims = path.claim(limit, reserve, announce_backlog=rng.random() < 0.5)
         claimed_ns = time.monotonic_ns()
         assert len(claims) <= limit, f"asked for {limit}, got {len(claims)}"
         if not claims:
@@ -208,27 +230,39 @@ def drain_as(
             continue
         idle_sleep = 0.0
         ids = [c.id for c in claims]
+        assert len(set(ids)) == len(ids), f"{worker}: one delivery twice in one claim"
+        tokens = {c.claim_token for c in claims}
+        assert len(tokens) == 1 and None not in tokens, f"{worker}: claim tokens {tokens}"
         if tracker is not None:
             tracker.acquire(worker, ids)
+        now = dt.datetime.now(UTC)
+        stale: list[Result] = []
+        for claim in claims:
+            old = given_back.pop(claim.id, None)
+            if old is not None and old.attempt == claim.attempt:
+                assert old.claim_token != claim.claim_token, (worker, old, claim)
+                stale.append(drain_result(old, rng.choices(DRAIN_OUTCOMES, plan.weights)[0],
+                                          now))
+        if stale:
+            applied = path.record(stale)
+            assert applied == 0, (
+                f"{worker}: {applied} of {len(stale)} stale results (tokens of released"
+                f" claims) applied to deliveries claimed again by the same worker at the"
+                f" same attempt")
+            stale_recorded += len(stale)
         results: list[Result] = []
         outcomes: list[str] = []
-        now = dt.datetime.now(UTC)
         for claim in claims:
-            outcome = rng.choices(DRAIN_OUTCOMES, plan.weights)[0]
-            if outcome == "retry" and claim.attempt >= DRAIN_MAX_ATTEMPTS:
-                outcome = "dead"
-            outcomes.append(outcome)
-            failed = outcome in ("retry", "dead")
-            results.append(Result(
-                claim.id, claim.attempt, outcome, now, 1,
-                500 if failed else 200, "HTTP 500" if failed else None,
-                next_attempt_at=now if outcome == "retry" else None,
-            ))
+            result = drain_result(claim, rng.choices(DRAIN_OUTCOMES, plan.weights)[0], now)
+            outcomes.append(result.outcome)
+            results.append(result)
+            if result.outcome == "released":
+                given_back[claim.id] = claim
         rng.shuffle(results)
         released_ns = time.monotonic_ns()
         if tracker is not None:
             tracker.release(ids)
-        applied = queue.record_results(conn, worker, results, breaker)
+        applied = path.record(results)
         assert applied == len(results), f"{worker}: {applied} of {len(results)} applied"
         finished = sum(o in ("delivered", "dead") for o in outcomes)
         with unfinished.get_lock():
@@ -237,7 +271,19 @@ def drain_as(
             Hold(c.id, c.attempt, worker, claimed_ns, released_ns, o)
             for c, o in zip(claims, outcomes, strict=True)
         )
-    return holds
+    return holds, stale_recorded
+
+
+def drain_result(claim: Claim, kind: str, now: dt.datetime) -> Result:
+    """The worker's Result for an answer of `kind` (engine.worker.outcome), with the
+    claim's token: a 200; a 500 that is retried at once (DRAIN_SCHEDULE) until
+    DRAIN_MAX_ATTEMPTS, then dead; a 500 with no retries left; a claim given back
+    unsent."""
+    if kind == "released":
+        return released(claim, now)
+    if kind == "delivered":
+        return answer(claim, 200, now, DRAIN_SCHEDULE)
+    return answer(claim, 500, now, DRAIN_SCHEDULE if kind == "retry" else ())
 
 
 def check_drained(conn: psycopg.Connection, holds: list[Hold], enqueued: Enqueued) -> None:
@@ -290,130 +336,137 @@ def check_drained(conn: psycopg.Connection, holds: list[Hold], enqueued: Enqueue
     }
 
 
-@pytest.fixture
-def claimer_connections(dsn: str) -> Iterator[list[psycopg.Connection]]:
-    """One connection per claimer thread, opened once and reused by every example."""
-    connections = [psycopg.connect(dsn, autocommit=True) for _ in range(MAX_CLAIMERS)]
+def _claimer(dsn: str, worker: str, commands: Any, reports: Any, unfinished: Any, stop: Any,
+             tracker: HoldTracker | None) -> None:
+    """One claimer, reused across examples: the worker's two connections and event loop
+    (WorkerPath), one drain per command, until a None."""
+    path = WorkerPath(dsn, worker, lease_ms=DRAIN_LEASE_MS, breaker=NO_BREAKER)
     try:
-        yield connections
-    finally:
-        for connection in connections:
-            connection.close()
-
-
-@settings(max_examples=EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(drain=drains(most=100))
-def test_claimer_threads_never_share_a_delivery_and_drain_everything(
-    conn: psycopg.Connection,
-    claimer_connections: list[psycopg.Connection],
-    drain: tuple[DrainPlan, Backlog],
-) -> None:
-    plan, backlog = drain
-    truncate_all(conn)
-    enqueued = enqueue_backlog(conn, backlog)
-    unfinished = mp.Value("l", len(enqueued.ids))
-    stop = threading.Event()
-    tracker = HoldTracker()
-
-    def claimer(index: int) -> list[Hold]:
-        try:
-            return drain_as(claimer_connections[index], f"t{index}", plan, plan.seeds[index],
-                            unfinished, stop, tracker)
-        except BaseException:
-            stop.set()
-            raise
-
-    with ThreadPoolExecutor(plan.claimers) as pool:
-        futures = [pool.submit(claimer, i) for i in range(plan.claimers)]
-        holds = [hold for f in futures for hold in f.result()]
-    check_drained(conn, holds, enqueued)
-
-
-def _claimer_process(
-    dsn: str, commands: Any, reports: Any, unfinished: Any, stop: Any
-) -> None:
-    """A claimer process, reused across examples: runs one drain per command."""
-    with psycopg.connect(dsn, autocommit=True) as connection:
         while (command := commands.get()) is not None:
-            worker, plan, seed = command
+            plan, seed = command
             try:
-                reports.put((worker, drain_as(connection, worker, plan, seed, unfinished,
-                                              stop), None))
-            except BaseException as error:
+                holds, stale = drain_as(path, plan, seed, unfinished, stop, tracker)
+                reports.put((worker, holds, stale, None))
+            except BaseException:
                 stop.set()
-                reports.put((worker, [], repr(error)))
+                reports.put((worker, [], 0, traceback.format_exc()))
+    finally:
+        path.close()
 
 
-class ClaimerProcesses:
-    """MAX_CLAIMERS spawned processes, each with its own connection, started once per test
-    and given one drain per example. Their holds come back through a queue; their
-    monotonic clocks are the same system-wide clock, so the intervals compare."""
+class Claimers:
+    """MAX_CLAIMERS claimers (threads sharing a HoldTracker, or spawned processes), each
+    with its own WorkerPath, started once per test and given one drain per example. Their
+    holds come back through a queue; processes' monotonic clocks are the same system-wide
+    clock, so the intervals compare."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, processes: bool) -> None:
+        self.processes = processes
+        self.tracker = None if processes else HoldTracker()
         context = mp.get_context("spawn")
         self.unfinished = context.Value("l", 0)
-        self.stop = context.Event()
-        self.reports = context.Queue()
-        self.commands = [context.Queue() for _ in range(MAX_CLAIMERS)]
-        self.processes = [
-            context.Process(target=_claimer_process,
-                            args=(dsn, q, self.reports, self.unfinished, self.stop),
-                            daemon=True)
-            for q in self.commands
+        self.stop: Any = context.Event() if processes else threading.Event()
+        self.reports: Any = context.Queue() if processes else queue_module.Queue()
+        self.commands: list[Any] = [context.Queue() if processes else queue_module.Queue()
+                                    for _ in range(MAX_CLAIMERS)]
+        self.names = [f"{'p' if processes else 't'}{i}" for i in range(MAX_CLAIMERS)]
+        self.runners: list[BaseProcess | threading.Thread] = [
+            (context.Process if processes else threading.Thread)(
+                target=_claimer, daemon=True,
+                args=(dsn, name, q, self.reports, self.unfinished, self.stop, self.tracker))
+            for name, q in zip(self.names, self.commands, strict=True)
         ]
-        for process in self.processes:
-            process.start()
+        for runner in self.runners:
+            runner.start()
 
-    def drain(self, plan: DrainPlan, deliveries: int) -> list[Hold]:
+    def drain(self, plan: DrainPlan, deliveries: int) -> tuple[list[Hold], int]:
         self.unfinished.value = deliveries
         self.stop.clear()
         for index in range(plan.claimers):
-            self.commands[index].put((f"p{index}", plan, plan.seeds[index]))
+            self.commands[index].put((plan, plan.seeds[index]))
         holds: list[Hold] = []
+        stale = 0
         errors: list[str] = []
-        for _ in range(plan.claimers):
-            worker, its_holds, error = self.reports.get(timeout=DRAIN_DEADLINE_S + 30)
+        waiting = set(self.names[:plan.claimers])
+        deadline = time.monotonic() + DRAIN_DEADLINE_S + 30
+        while waiting:
+            try:
+                worker, its_holds, its_stale, error = self.reports.get(
+                    timeout=max(0.0, deadline - time.monotonic()))
+            except queue_module.Empty:
+                raise AssertionError(
+                    f"claimers {sorted(waiting)} did not finish their drain within"
+                    f" {DRAIN_DEADLINE_S + 30} s") from None
+            waiting.discard(worker)
             holds.extend(its_holds)
+            stale += its_stale
             if error is not None:
                 errors.append(f"{worker}: {error}")
-        assert not errors, errors
-        return holds
+        assert not errors, "\n".join(errors)
+        return holds, stale
 
     def close(self) -> None:
         for q in self.commands:
             q.put(None)
-        for process in self.processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-                process.join()
+        for name, runner in zip(self.names, self.runners, strict=True):
+            runner.join(timeout=10)
+            if isinstance(runner, BaseProcess) and runner.is_alive():
+                runner.kill()
+                runner.join(timeout=10)
+            assert not runner.is_alive(), f"claimer {name} did not stop within 10 s"
 
 
 @pytest.fixture
-def claimer_processes(dsn: str) -> Iterator[ClaimerProcesses]:
-    processes = ClaimerProcesses(dsn)
+def claimer_threads(dsn: str) -> Iterator[Claimers]:
+    claimers = Claimers(dsn, processes=False)
     try:
-        yield processes
+        yield claimers
     finally:
-        processes.close()
+        claimers.close()
+
+
+@pytest.fixture
+def claimer_processes(dsn: str) -> Iterator[Claimers]:
+    claimers = Claimers(dsn, processes=True)
+    try:
+        yield claimers
+    finally:
+        claimers.close()
+
+
+def drain_examples(conn: psycopg.Connection, claimers: Claimers, most: int) -> None:
+    """EXAMPLES drains of up to `most` deliveries; the run must have recorded stale
+    results (the token guard's case) at least once."""
+    totals: Counter[str] = Counter()
+
+    @settings(max_examples=EXAMPLES, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(drain=drains(most=most))
+    def run_example(drain: tuple[DrainPlan, Backlog]) -> None:
+        plan, backlog = drain
+        truncate_all(conn)
+        enqueued = enqueue_backlog(conn, backlog)
+        holds, stale = claimers.drain(plan, len(enqueued.ids))
+        check_drained(conn, holds, enqueued)
+        totals["examples"] += 1
+        totals["stale_results"] += stale
+
+    run_example()
+    assert totals["stale_results"] > 0, totals
+
+
+def test_claimer_threads_never_share_a_delivery_and_drain_everything(
+    conn: psycopg.Connection, claimer_threads: Claimers,
+) -> None:
+    drain_examples(conn, claimer_threads, most=100)
 
 
 # Fewer deliveries than with threads: this one is about separate processes, and they
 # share two cores; volume is the thread test's job.
-@settings(max_examples=EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(drain=drains(most=60))
 def test_claimer_processes_never_share_a_delivery_and_drain_everything(
-    conn: psycopg.Connection,
-    claimer_processes: ClaimerProcesses,
-    drain: tuple[DrainPlan, Backlog],
+    conn: psycopg.Connection, claimer_processes: Claimers,
 ) -> None:
-    plan, backlog = drain
-    truncate_all(conn)
-    enqueued = enqueue_backlog(conn, backlog)
-    holds = claimer_processes.drain(plan, len(enqueued.ids))
-    check_drained(conn, holds, enqueued)
+    drain_examples(conn, claimer_processes, most=60)
 
 
 # ---------------------------------------------------------------------------------------
@@ -429,6 +482,8 @@ def test_claimer_processes_never_share_a_delivery_and_drain_everything(
 # pg_catalog.now() when the schema was created and still stamp the real time; the frozen
 # clock starts far in the future, so rows stamped that way are simply in its past.
 CLOCK_START = dt.datetime(2100, 1, 1, tzinfo=UTC)
+# Every connection of the test (the workers' too) resolves now() to the frozen clock.
+SET_CLOCK_PATH = "SET search_path = testclock, pg_catalog, public"
 INSTALL_CLOCK = (
     "CREATE SCHEMA IF NOT EXISTS testclock",
     "CREATE OR REPLACE FUNCTION testclock.now() RETURNS timestamptz LANGUAGE sql STABLE"
@@ -436,7 +491,7 @@ INSTALL_CLOCK = (
     # A claim's lease runs from clock_timestamp() (claim_batch.sql): the same frozen clock.
     "CREATE OR REPLACE FUNCTION testclock.clock_timestamp() RETURNS timestamptz"
     " LANGUAGE sql VOLATILE AS $$ SELECT current_setting('testclock.now')::timestamptz $$",
-    "SET search_path = testclock, pg_catalog, public",
+    SET_CLOCK_PATH,
 )
 
 MODEL_LEASE_MS = 60_000
@@ -498,6 +553,7 @@ class ModelDelivery:
     attempt: int = 0
     holder: str | None = None
     locked_until: dt.datetime | None = None
+    token: int | None = None  # the claim token of the claim in flight
     last_error: str | None = None
     made: int = 0  # attempts made: claims that were not released
     recorded: int = 0  # attempt rows written
@@ -505,16 +561,23 @@ class ModelDelivery:
     def row(self) -> tuple[object, ...]:
         if self.status in HOT:
             return (self.status, self.attempt, self.next_attempt_at, self.holder,
-                    self.locked_until, self.last_error)
+                    self.locked_until, self.token, self.last_error)
         return (self.status, self.attempt, self.last_error)
 
 
 @dataclass(frozen=True)
 class HeldClaim:
-    token: int
+    token: int | None
     worker: str
     delivery: int
     attempt: int
+    claim: Claim = field(compare=False)  # as the worker's claim returned it
+
+
+async def _returned(statement: Awaitable[AsyncRawCursor]) -> int:
+    """Claims one batch of return_claims.sql returned (as queue.return_claims counts)."""
+    row = await (await statement).fetchone()
+    return int(row[0]) + int(row[1]) if row else 0
 
 
 def smallest(chosen: Sequence[ModelDelivery], candidates: Sequence[ModelDelivery],
@@ -543,8 +606,12 @@ class QueueMachine(RuleBasedStateMachine):
     counters, schedules, holders, errors, attempt rows, and each destination's pause,
     breaker and counters."""
 
-    conn: ClassVar[psycopg.Connection]
+    conn: ClassVar[psycopg.Connection]  # enqueue, operators, reaper, supervisor, checks
+    # The workers' claim and record path (tests/kit/worker_path.py), per worker name.
+    paths: ClassVar[dict[str, WorkerPath]]
     outcomes: ClassVar[tuple[str, ...]] = OUTCOMES
+    # Stale results recorded by `stale_result` over a whole run (the test checks it ran).
+    stale_recorded: ClassVar[int] = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -557,15 +624,18 @@ class QueueMachine(RuleBasedStateMachine):
         self.destinations: dict[int, ModelDestination] = {}
         self.deliveries: dict[int, ModelDelivery] = {}
         self.held: list[HeldClaim] = []
-        # Claims taken from their worker (reaped, released): results for them are late.
+        # Claims taken from their worker (reaped, released by the supervisor) or given
+        # back by it (a 'released' result): results for them are late, and stale.
         self.lost: list[HeldClaim] = []
-        self.tokens = itertools.count(1)
+        self.tokens: set[int] = set()  # every claim token seen
         self.checked = False
 
     # -- helpers --------------------------------------------------------------------
 
     def _set_clock(self, at: dt.datetime) -> None:
         self.conn.execute("SELECT set_config('testclock.now', %s, false)", [at.isoformat()])
+        for path in self.paths.values():
+            path.execute("SELECT set_config('testclock.now', %s, false)", [at.isoformat()])
 
     def _hot(self) -> list[ModelDelivery]:
         return [d for d in self.deliveries.values() if d.status in HOT]
@@ -584,13 +654,26 @@ class QueueMachine(RuleBasedStateMachine):
         ]
 
     def _holds(self, worker: str, claim: HeldClaim) -> bool:
-        """Whether a result for `claim` counts: the contract is that the delivery is still
-        in flight, held by that worker, at that attempt. So a late result does count in one
-        corner: its claim was taken away (reaped or released), the delivery was replayed
-        (attempt back to 0) and the same worker claimed it again, at the same attempt
-        number. Telling those claims apart needs a claim token in Claim and Result."""
+        """Whether a result for `claim` counts: the delivery is still in flight under that
+        very claim (held by that worker, at that attempt, with that claim's token). A
+        late result whose claim was taken away or given back and whose delivery the same
+        worker claimed again at the same attempt number (released, or replayed back to
+        attempt 0) differs from the current claim only by its token: it changes
+        nothing."""
         d = self.deliveries[claim.delivery]
-        return d.status == "in_flight" and d.holder == worker and d.attempt == claim.attempt
+        return (d.status == "in_flight" and d.holder == worker and d.attempt == claim.attempt
+                and d.token == claim.token)
+
+    def _stale(self) -> list[HeldClaim]:
+        """Lost claims whose delivery is in flight again, held by the same worker at the
+        same attempt: only the token tells their results from the current claim's."""
+        stale = []
+        for h in self.lost:
+            d = self.deliveries[h.delivery]
+            if (d.status == "in_flight" and d.holder == h.worker and d.attempt == h.attempt
+                    and d.token != h.token):
+                stale.append(h)
+        return stale
 
     def _lose(self, delivery_ids: set[int]) -> None:
         self.lost += [h for h in self.held if h.delivery in delivery_ids]
@@ -607,7 +690,7 @@ class QueueMachine(RuleBasedStateMachine):
             d = self.deliveries[delivery_id]
             d.recorded += 1
             d.last_error = reason
-            d.holder = d.locked_until = None
+            d.holder = d.locked_until = d.token = None
             if d.attempt >= self.max_attempts:
                 d.status = "dead"
             else:
@@ -672,9 +755,16 @@ class QueueMachine(RuleBasedStateMachine):
                 delivery_id, destination_id, key, expected[(event_id, destination_id)][1],
                 next_attempt_at)
 
-    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 6), reserve=st.integers(0, 6))
-    def claim(self, worker: str, limit: int, reserve: int) -> None:
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 6), reserve=st.integers(0, 6),
+          left_out=st.sets(st.integers(0, 2), max_size=2), announce_backlog=st.booleans())
+    def claim(self, worker: str, limit: int, reserve: int, left_out: set[int],
+              announce_backlog: bool) -> None:
+        """The worker's claim (queue_async.claim_batch), `left_out` (by index) as its
+        claim policy leaves silent destinations out: the plain scans pass them over,
+        the breaker's probes do not."""
         reserve = min(reserve, limit)
+        ids = sorted(self.destinations)
+        skipped = {ids[i % len(ids)] for i in left_out}
         due = self._due()
         # Only destinations with a due delivery (first in line of its key or not) are
         # probed: a pause does not run out into an empty half-open window.
@@ -688,10 +778,16 @@ class QueueMachine(RuleBasedStateMachine):
             and x.paused_until <= self.clock and not x.disabled and not x.paused
             and x.id in with_due_work
         ]
-        claims = queue.claim_batch(self.conn, worker, limit, MODEL_LEASE_MS, reserve)
+        claims = self.paths[worker].claim(limit, reserve, sorted(skipped), announce_backlog)
         assert len(claims) <= limit
         claimed = {c.id: c for c in claims}
         assert len(claimed) == len(claims), "one delivery claimed twice in one batch"
+        tokens = {c.claim_token for c in claims}
+        if claims:
+            # One new token per claim statement (schema/009), never seen before.
+            assert len(tokens) == 1 and None not in tokens, tokens
+            assert not tokens & self.tokens, f"claim token {tokens} reused"
+            self.tokens |= tokens  # type: ignore[arg-type]
         for c in claims:
             assert c.id in self.deliveries, f"claimed unknown delivery {c.id}"
             x = self.destinations[self.deliveries[c.id].destination]
@@ -717,6 +813,7 @@ class QueueMachine(RuleBasedStateMachine):
         open_for_all = {
             x.id for x in self.destinations.values()
             if x.breaker == "closed" and not x.paused and not x.disabled
+            and x.id not in skipped
         }
         first = [d for d in due if d.destination in open_for_all and d.attempt == 0]
         retries = [d for d in due if d.destination in open_for_all and d.attempt > 0]
@@ -734,10 +831,11 @@ class QueueMachine(RuleBasedStateMachine):
             d = self.deliveries[c.id]
             d.status, d.attempt, d.holder = "in_flight", d.attempt + 1, worker
             d.locked_until = self.clock + MODEL_LEASE
+            d.token = c.claim_token
             d.made += 1
             assert (c.attempt, c.destination_id, c.payload) == (
                 d.attempt, d.destination, d.payload)
-            self.held.append(HeldClaim(next(self.tokens), worker, d.id, d.attempt))
+            self.held.append(HeldClaim(c.claim_token, worker, c.id, c.attempt, c))
 
     def _was_probed(self, destination: ModelDestination) -> bool:
         row = self.conn.execute(
@@ -762,26 +860,26 @@ class QueueMachine(RuleBasedStateMachine):
         # Failures often enough to open breakers; a 410 rarely, since it disables.
         outcomes = [data.draw(st.sampled_from(self.outcomes),
                               label=f"outcome of delivery {h.delivery}") for h in batch]
-        results: list[Result] = []
-        for h, outcome in zip(batch, outcomes, strict=True):
-            if outcome == "ok":
-                results.append(Result(h.delivery, h.attempt, "delivered", self.clock, 5, 200))
-            elif outcome == "release":
-                results.append(Result(h.delivery, h.attempt, "released", self.clock))
-            else:
-                # As a worker computes it: the next try per the schedule, or dead.
-                delay = retry.retry_delay(self.schedule, h.attempt, self.rng)
-                code = 410 if outcome == "gone" else 500
-                if delay is None:
-                    results.append(Result(h.delivery, h.attempt, "dead", self.clock, 5, code,
-                                          f"HTTP {code}"))
-                else:
-                    results.append(Result(
-                        h.delivery, h.attempt, "gone" if outcome == "gone" else "retry",
-                        self.clock, 5, code, f"HTTP {code}", "body",
-                        self.clock + dt.timedelta(seconds=delay)))
+        self._record(worker, batch, outcomes)
 
-        applied = queue.record_results(self.conn, worker, results, MODEL_BREAKER)
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def give_back_and_claim_again(self, data: st.DataObject) -> None:
+        """A worker gives a claim back unsent (a 'released' result) and claims again
+        with room for everything due: the delivery, due at once, comes back to it at the
+        same attempt number under a new token, unless something keeps it (a pause, the
+        breaker). The given-back claim's result is then stale (stale_result)."""
+        h = data.draw(st.sampled_from(self.held))
+        self._record(h.worker, [h], ["release"])
+        self.claim(h.worker, 50, 0, set(), False)
+
+    def _record(self, worker: str, batch: list[HeldClaim], outcomes: list[str]) -> None:
+        """The worker's result write (queue_async.record_results) of `batch`, each with its
+        outcome, against the model."""
+        chosen = [h for h in batch if h in self.held]
+        results = [self._result(h, outcome) for h, outcome in zip(batch, outcomes, strict=True)]
+
+        applied = self.paths[worker].record(results)
 
         expected_applied = 0
         for h, r in zip(batch, results, strict=True):
@@ -789,10 +887,11 @@ class QueueMachine(RuleBasedStateMachine):
             if not self._holds(worker, h):
                 continue  # a late result: it changes nothing
             expected_applied += 1
-            d.holder = d.locked_until = None
+            d.holder = d.locked_until = d.token = None
             if r.outcome == "released":
                 d.status, d.attempt, d.next_attempt_at = "pending", d.attempt - 1, self.clock
                 d.made -= 1
+                self.lost.append(h)  # given back: a result of it from now on is stale
                 continue
             d.recorded += 1
             self.destinations[d.destination].record(r.outcome, self.clock)
@@ -806,6 +905,37 @@ class QueueMachine(RuleBasedStateMachine):
                     "pending", r.next_attempt_at, r.error)
         assert applied == expected_applied
         self.held = [h for h in self.held if h not in chosen]
+
+    def _result(self, h: HeldClaim, outcome: str) -> Result:
+        """The Result the worker makes (engine.worker.outcome) for an answer to `h` (ok,
+        fail: 500, gone: 410) or for giving it back (release), with the claim's token;
+        a failure is retried per the schedule (the next try jittered) or dead."""
+        if outcome == "release":
+            return released(h.claim, self.clock)
+        if outcome == "gone" and h.attempt > len(self.schedule):
+            # A 410 on the last attempt is not dead for the worker: it keeps the delivery
+            # for its disabled destination, due after the schedule's last delay, and a
+            # claim after that one has no attempt left (outcome.attempts_used_up). Not
+            # modelled: a 500 instead.
+            outcome = "fail"
+        status = {"ok": 200, "fail": 500, "gone": 410}[outcome]
+        return answer(h.claim, status, self.clock, self.schedule, rng=self.rng,
+                      duration_ms=5)
+
+    @precondition(lambda self: self._stale())
+    @rule(data=st.data())
+    def stale_result(self, data: st.DataObject) -> None:
+        """A late result of a claim its worker lost or gave back, whose delivery the same
+        worker has claimed again at the same attempt: only the token tells it from the
+        current claim's, and the guard (record_results.sql) must refuse it. Whatever its
+        outcome, nothing changes (database_matches_model compares every row)."""
+        h = data.draw(st.sampled_from(self._stale()))
+        outcome = data.draw(st.sampled_from(self.outcomes), label="stale outcome")
+        applied = self.paths[h.worker].record([self._result(h, outcome)])
+        assert applied == 0, (
+            f"a stale {outcome} result (claim token {h.token}) applied to delivery"
+            f" {h.delivery}, in flight under token {self.deliveries[h.delivery].token}")
+        type(self).stale_recorded += 1
 
     @rule(seconds=st.sampled_from((1, 5, 30, 61, 300, 1000, 4000)), reap=st.booleans())
     def time_passes(self, seconds: int, reap: bool) -> None:
@@ -852,17 +982,35 @@ class QueueMachine(RuleBasedStateMachine):
     def _check_liveness(self) -> None:
         """Once every schedule, pause and lease has run out and no destination is paused
         or disabled, claiming again and again delivers everything: each claim finds
-        something while anything is left. Runs in a transaction that is rolled back."""
-        with self.conn.transaction(force_rollback=True):
-            self._set_clock(self.clock + dt.timedelta(days=30))
-            self.conn.execute("UPDATE destinations SET paused = false, disabled = false")
-            reap_expired(self.conn, self.max_attempts)
-            while left := self.conn.execute("SELECT count(*) FROM deliveries").fetchone()[0]:
-                claims = queue.claim_batch(self.conn, LIVENESS_WORKER, 4, MODEL_LEASE_MS, 1)
-                assert claims, f"{left} deliveries left, but none can be claimed"
-                results = [Result(c.id, c.attempt, "delivered", self.clock, 1, 200)
-                           for c in claims]
-                queue.record_results(self.conn, LIVENESS_WORKER, results, MODEL_BREAKER)
+        something while anything is left. Runs in a transaction that is rolled back, on
+        one connection of a worker's (the clock setting, too, is undone with it): the
+        reaper's statement, then the worker's claims and result writes
+        (queue_async), with the worker's results."""
+        later = self.clock + dt.timedelta(days=30)
+        reap = queue.return_params(None, True, "lease expired", self.max_attempts)
+
+        async def deliver_everything(conn: psycopg.AsyncConnection) -> None:
+            async with conn.transaction(force_rollback=True):
+                await conn.execute("SELECT set_config('testclock.now', %s, false)",
+                                   [later.isoformat()])
+                await conn.execute("UPDATE destinations SET paused = false, disabled = false")
+                # maintenance.reaper.reap_expired, on this connection.
+                await repeat_until_short_async(
+                    lambda: _returned(run_statement_async(conn, queries.RETURN_CLAIMS, reap)),
+                    queue.RETURN_BATCH)
+                while True:
+                    cursor = await conn.execute("SELECT count(*) FROM deliveries")
+                    row = await cursor.fetchone()
+                    if not row or not row[0]:
+                        return
+                    claims, _ = await queue_async.claim_batch(
+                        conn, LIVENESS_WORKER, 4, MODEL_LEASE_MS, 1)
+                    assert claims, f"{row[0]} deliveries left, but none can be claimed"
+                    results = [answer(c, 200, later, self.schedule) for c in claims]
+                    assert await queue_async.record_results(
+                        conn, LIVENESS_WORKER, results, MODEL_BREAKER) == len(results)
+
+        self.paths[LIVENESS_WORKER].on_claim_conn(deliver_everything)
 
     @invariant()
     def database_matches_model(self) -> None:
@@ -870,7 +1018,7 @@ class QueueMachine(RuleBasedStateMachine):
         hot = {
             r[0]: r[1:] for r in self.conn.execute(
                 "SELECT id, status::text, attempt, next_attempt_at, locked_by, locked_until,"
-                " last_error FROM deliveries").fetchall()
+                " claim_token, last_error FROM deliveries").fetchall()
         }
         finished = {
             r[0]: r[1:] for r in self.conn.execute(
@@ -914,12 +1062,28 @@ MACHINE_SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 
-def test_queue_matches_its_model(conn: psycopg.Connection) -> None:
+def run_machine(machine: type[QueueMachine], dsn: str, conn: psycopg.Connection) -> None:
+    """Run `machine` on `conn` and the workers' paths, each connection on the frozen
+    clock; the run must have recorded stale results (the token guard's case)."""
     stop_autovacuum(conn)
     for statement in INSTALL_CLOCK:
         conn.execute(statement)
-    QueueMachine.conn = conn
-    run_state_machine_as_test(QueueMachine, settings=MACHINE_SETTINGS)
+    machine.conn = conn
+    machine.paths = {}
+    machine.stale_recorded = 0
+    try:
+        for worker in (*WORKERS, LIVENESS_WORKER):
+            machine.paths[worker] = WorkerPath(dsn, worker, lease_ms=MODEL_LEASE_MS,
+                                               breaker=MODEL_BREAKER, setup=[SET_CLOCK_PATH])
+        run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
+    finally:
+        for path in machine.paths.values():
+            path.close()
+    assert machine.stale_recorded > 0, "no stale result was ever recorded"
+
+
+def test_queue_matches_its_model(dsn: str, conn: psycopg.Connection) -> None:
+    run_machine(QueueMachine, dsn, conn)
 
 
 class BreakerMachine(QueueMachine):
@@ -943,12 +1107,8 @@ class BreakerMachine(QueueMachine):
         """Not a rule here."""
 
 
-def test_breaker_matches_its_model(conn: psycopg.Connection) -> None:
-    stop_autovacuum(conn)
-    for statement in INSTALL_CLOCK:
-        conn.execute(statement)
-    BreakerMachine.conn = conn
-    run_state_machine_as_test(BreakerMachine, settings=MACHINE_SETTINGS)
+def test_breaker_matches_its_model(dsn: str, conn: psycopg.Connection) -> None:
+    run_machine(BreakerMachine, dsn, conn)
 
 
 # ---------------------------------------------------------------------------------------

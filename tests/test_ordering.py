@@ -1,7 +1,10 @@
 """Strict ordering per (destination, ordering_key) under several real worker processes
-that claim and record through engine.queue, fail at random and crash at random (their
-claims come back through release_claims, like the supervisor does, or through the lease
-reaper, like a lost host). The "destination" is shared memory the workers update while
+that claim and record through the worker's own path (tests/kit/worker_path.py: the
+queue_async functions DeliveryWorker and its recorder call, on connections opened as the
+worker opens them, with results built as the worker builds them, carrying their claim's
+token), fail at random and crash at random (their claims come back through
+release_claims, like the supervisor does, or through the lease reaper, like a lost
+host). The "destination" is shared memory the workers update while
 they send: it sees every request start and end, so it can tell two requests of one key
 at once (across workers, or inside one claim batch) and the order in which deliveries
 arrived."""
@@ -25,11 +28,16 @@ from hypothesis import strategies as st
 
 from engine import queue
 from engine.maintenance.reaper import reap_expired
-from engine.queue import BreakerSettings, EventIn, Result
+from engine.queue import BreakerSettings, EventIn
 from tests.kit.data import add_destination
 from tests.kit.dbserver import truncate_all
+from tests.kit.worker_path import WorkerPath, answer
+
+pytestmark = pytest.mark.pg_versions
 
 MAX_ATTEMPTS = 1_000  # failures retry until they succeed: nothing dies, no gaps
+SCHEDULE = (0.0,) * (MAX_ATTEMPTS - 1)  # ...and at once
+FAILED = "HTTP 500"  # a failed attempt's error (outcome.response_result)
 NO_BREAKER = BreakerSettings(threshold=10**6)
 KEYS = ["a", "b", "c", None]  # None: an event without key (ordered as key '')
 LEASE_MS = 60_000  # a live worker's claims never expire during an example
@@ -102,11 +110,13 @@ class Destination:
 def worker(dsn: str, name: str, ordered_id: int, total: int, seed: int, fail_p: float,
            crash_p: float, dest: Destination) -> None:
     rng = random.Random(seed)
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    path = WorkerPath(dsn, name, lease_ms=LEASE_MS, breaker=NO_BREAKER)
+    try:
         while not dest.all_recorded.is_set():
             before = dest.changes.value
-            claims = queue.claim_batch(conn, name, rng.randint(1, 6), LEASE_MS,
-                                       rng.randint(0, 2))
+            limit = rng.randint(1, 6)
+            # The reserve as a worker computes it: a share of the limit (first_attempt_share).
+            claims = path.claim(limit, int(rng.choice((0.0, 0.25, 0.5)) * limit))
             if not claims:  # the rest is in flight elsewhere, or blocked behind it
                 dest.wait_for_change(before)
                 continue
@@ -124,12 +134,13 @@ def worker(dsn: str, name: str, ordered_id: int, total: int, seed: int, fail_p: 
                 if claim.destination_id == ordered_id:
                     dest.end(key, seq, ok)
             t = dt.datetime.now(dt.UTC)
-            results = [Result(claim.id, claim.attempt, "delivered" if ok else "retry", t, 1,
-                              200 if ok else 500, None if ok else "e", None, None if ok else t)
+            results = [answer(claim, 200 if ok else 500, t, SCHEDULE)
                        for (claim, _, _), ok in zip(sent, outcomes, strict=True)]
             # Nobody returns a live worker's claims (leases outlast the example).
-            assert queue.record_results(conn, name, results, NO_BREAKER) == len(results)
+            assert path.record(results) == len(results)
             dest.add_recorded(sum(outcomes), total)
+    finally:
+        path.close()
 
 
 def check_order(arrivals: list[tuple[int, int]], expected: dict[int, list[int]]) -> None:
@@ -195,9 +206,10 @@ def run_workers(dsn: str, conn: psycopg.Connection, events: list[EventIn], order
                 start(n)
                 n += 1
     finally:
-        for proc in running:  # after a failure: the others would wait for ever
+        for proc, name in running.items():  # after a failure: the others would wait for ever
             proc.kill()
-            proc.join()
+            proc.join(10)
+            assert proc.exitcode is not None, f"worker {name} still running 10 s after kill"
     return happened
 
 
@@ -243,8 +255,8 @@ def test_never_two_in_flight_never_out_of_order(
             == (2 * len(keys),)
         retried = conn.execute(
             "SELECT count(*) FROM delivery_attempts a JOIN finished_deliveries f"
-            " ON f.id = a.delivery_id WHERE f.destination_id = ANY (%s) AND a.error = 'e'",
-            [[ordered, unordered]]).fetchone()
+            " ON f.id = a.delivery_id WHERE f.destination_id = ANY (%s) AND a.error = %s",
+            [[ordered, unordered], FAILED]).fetchone()
         assert retried is not None
         happened["failed_attempts"] = int(retried[0])
         target(float(happened["crashes"]), label="crashes")
