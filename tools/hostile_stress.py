@@ -1,5 +1,5 @@
-"""Stress of the hostile mix, for issue 37 (docs/decisions/0020-the-loop-watches-one-epoll-descriptor-per-pool.md):
-a real `engine --procs 2` delivering for --minutes to every hostile behaviour of
+"""Stress of the hostile mix, for issue 37 (docs/decisions/0020-*.md): a real
+`engine --procs 2` delivering for --minutes to every hostile behaviour of
 tests/kit/hostile_servers.py on --hosts loopback addresses (127.0.0.2, .3, ...), beside
 healthy keep-alive destinations whose server closes idle connections after a random
 moment (sometimes with a reset), refused ports, a TLS host nobody trusts and an
@@ -71,7 +71,7 @@ class _IdleClosingHandler(_Handler):
                 request = _read_request(sock, pending)
                 if request is None:
                     return
-                line, headers, pending = request
+                line, _, pending = request
                 path = line.split(b" ")[1].decode() if line.count(b" ") >= 2 else "/"
                 behaviour = path.strip("/").split("/")[0]
                 self.server.count(behaviour, path, None)
@@ -191,7 +191,8 @@ def stress(args: argparse.Namespace, out: Path, dsn: str, conn: psycopg.Connecti
     hostile_ids[add_destination(conn, url="http://nothing-here.invalid/hook",
                                 event_types=["hostile"], timeout_ms=HOSTILE_TIMEOUT_MS)] = "dns"
     for n in range(4):
-        healthy_ids[add_destination(conn, url=fake.url(f"fast/f{n}"), event_types=["tick"])] = "node"
+        node = add_destination(conn, url=fake.url(f"fast/f{n}"), event_types=["tick"])
+        healthy_ids[node] = "node"
     config = out / "engine.toml"
     config.write_text("breaker_threshold = 1000000\n")
     schedule = ",".join(["400ms"] * 10000)
@@ -246,7 +247,8 @@ def summarize(log_path: Path, conn: psycopg.Connection, ran_s: float, ticks: int
                 continue
             event = record.get("event")
             if event == "child_exited" and record.get("role") == "worker":
-                exits.append({k: record.get(k) for k in ("child", "signal", "exit_code", "lived_s")})
+                exits.append({k: record.get(k)
+                              for k in ("child", "signal", "exit_code", "lived_s")})
             elif event == "http_client_fault":
                 faults[record["kind"]] += 1
             elif event == "worker_drained":
