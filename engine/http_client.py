@@ -1,9 +1,19 @@
 """HTTP POSTs for deliveries: one pycurl multi handle driven by an asyncio event loop.
 
 libcurl tells us which sockets to watch (M_SOCKETFUNCTION) and when its next
-timeout is due (M_TIMERFUNCTION); the event loop reports readiness back through
-`socket_action`. No thread per request, no polling: an idle pool costs nothing, and one
-process keeps hundreds of requests in flight.
+timeout is due (M_TIMERFUNCTION); readiness goes back to it through `socket_action`. No
+thread per request, no polling: an idle pool costs nothing, and one process keeps
+hundreds of requests in flight.
+
+The event loop watches one descriptor per pool, an epoll instance the pool opens with its
+multi handle and closes after removing its reader; libcurl's sockets are registered in
+that epoll only, exactly as libcurl asks (CURL_POLL_IN/OUT: add or modify,
+CURL_POLL_REMOVE: delete, which libcurl sends before it closes a socket it had asked us to
+watch), and libcurl opens and closes them itself: no close-socket callback. A socket
+closed without a word to us leaves the epoll by itself (the kernel drops a closed file
+from every epoll), so nothing the loop watches can ever be a closed or reused descriptor:
+that is what aborted workers (issue 37,
+docs/decisions/0020-the-loop-watches-one-epoll-per-pool.md).
 
 One request's handle and result: engine/http_transfer.py. Response bodies: the first
 `max_body` bytes are kept and the rest is read and discarded, because aborting a
@@ -15,9 +25,8 @@ until timeout.
 
 import asyncio
 import contextlib
-import os
+import select
 import time
-import warnings
 from functools import lru_cache, partial
 from urllib.parse import urlsplit
 
@@ -43,6 +52,22 @@ from engine.targets import (
 DEFAULT_MAX_BODY = 4096
 DEFAULT_MAX_DRAIN = 1 << 20
 MAX_CONNECT_TIMEOUT_MS = 5000
+# Ready sockets taken from the pool's epoll per wake-up of the loop; more stay ready
+# (level-triggered) and are taken at the next one.
+MAX_EVENTS = 1024
+
+# What libcurl asks to watch -> epoll's flags. Errors and hang-ups are reported by epoll
+# whatever was asked.
+_EPOLL_FLAGS = {
+    pycurl.POLL_IN: select.EPOLLIN,
+    pycurl.POLL_OUT: select.EPOLLOUT,
+    pycurl.POLL_INOUT: select.EPOLLIN | select.EPOLLOUT,
+}
+# epoll's report -> socket_action's bits, as libcurl's own poll loop reads poll(2): an
+# error or hang-up is readable (the read reports it: a reset is a `recv` error) and
+# writable (a refused connect shows in SO_ERROR).
+_IN_FLAGS = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
+_OUT_FLAGS = select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP
 
 @lru_cache(maxsize=4096)
 def host_port(url: str) -> tuple[str, int]:
@@ -93,28 +118,35 @@ class CurlPool:
         self._max_host_connections = max_host_connections
         self.faults = FaultLog()
         self.rebuilds = 0  # times the multi handle was found unusable and replaced
-        self._multi = self._new_multi()
         self._free: list[Transfer] = []
         self._active: dict[pycurl.Curl, Transfer] = {}
-        self._watched: dict[int, int] = {}  # fd -> POLL_* currently registered
-        # Kept-alive connections curl stopped watching, whose reader stays registered:
-        # curl drops a connection's watch after every response and asks for it again with
-        # the next request on it, and a reader removed and re-added each time costs a
-        # quarter of a worker's CPU. Such a reader is removed when it fires (the peer
-        # closed or sent something unasked) or when curl closes the socket.
-        self._idle_readers: set[int] = set()
+        self._watched: dict[int, int] = {}  # fd -> epoll flags registered in self._epoll
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_due = 0.0
         self._closed = False
         self._checking: set[asyncio.Task[HttpResult]] = set()  # first lookups of a host
+        self._multi, self._epoll = self._new_multi()
 
-    def _new_multi(self) -> pycurl.CurlMulti:
+    def _new_multi(self) -> tuple[pycurl.CurlMulti, select.epoll]:
+        """A multi handle and the epoll its sockets are watched in, the epoll watched by
+        the loop (see the module's docstring)."""
         multi = pycurl.CurlMulti()
         multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
         multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
         multi.setopt(pycurl.M_MAXCONNECTS, self._max_connects)
         multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, self._max_host_connections)
-        return multi
+        epoll = select.epoll()
+        self._loop.add_reader(epoll.fileno(), self._on_ready, epoll)
+        return multi, epoll
+
+    def _drop_multi(self) -> pycurl.CurlMulti:
+        """Stop watching the multi handle's sockets: the loop's reader first, then the
+        epoll it reads. Returns the multi handle, for the caller to close."""
+        self._cancel_timer()
+        self._loop.remove_reader(self._epoll.fileno())
+        self._epoll.close()
+        self._watched.clear()
+        return self._multi
 
     @property
     def in_flight(self) -> int:
@@ -165,9 +197,7 @@ class CurlPool:
     ) -> Transfer:
         if self._closed:
             raise RuntimeError("CurlPool is closed")
-        transfer = self._free.pop() if self._free else Transfer(
-            self._max_body, self._max_drain, self._on_close_socket
-        )
+        transfer = self._free.pop() if self._free else Transfer(self._max_body, self._max_drain)
         curl = transfer.curl
         curl.setopt(pycurl.HTTPHEADER, headers)
         curl.setopt(pycurl.POSTFIELDSIZE, len(body))
@@ -274,19 +304,7 @@ class CurlPool:
             self._release(transfer)
             if on_done is not None:
                 on_done(None)
-        self._cancel_timer()
-        for fd in list(self._watched):
-            self._loop.remove_reader(fd)
-            self._loop.remove_writer(fd)
-        self._watched.clear()
-        self._idle_readers.clear()
-        # The multi first: closing its cached connections calls the close-socket callback
-        # of the easy handles that opened them, which must still exist. pycurl cannot run
-        # a Python callback from inside multi.close and warns once per connection; the
-        # sockets are closed all the same (no reader of ours is left on them by now).
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "closesocket_callback", RuntimeWarning)
-            self._multi.close()
+        self._drop_multi().close()  # closes its cached connections
         for transfer in self._free:
             transfer.curl.close()
         self._free.clear()
@@ -309,19 +327,12 @@ class CurlPool:
         log_event("http_client_rebuilt", error=str(exc)[:300], failed_transfers=len(transfers),
                   rebuilds=self.rebuilds)
         self._active.clear()
-        self._cancel_timer()
-        for fd in list(self._watched):
-            self._loop.remove_reader(fd)
-            self._loop.remove_writer(fd)
-        self._watched.clear()
-        self._idle_readers.clear()
-        self._multi = self._new_multi()
-        with warnings.catch_warnings():  # as in close: the sockets are closed all the same
-            warnings.filterwarnings("ignore", "closesocket_callback", RuntimeWarning)
-            for transfer in transfers:
-                with contextlib.suppress(pycurl.error):
-                    old.remove_handle(transfer.curl)
-            old.close()
+        self._drop_multi()
+        self._multi, self._epoll = self._new_multi()
+        for transfer in transfers:
+            with contextlib.suppress(pycurl.error):
+                old.remove_handle(transfer.curl)
+        old.close()
         for transfer in transfers:  # not recycled: their state belonged to the dead multi
             on_done = transfer.on_done
             transfer.on_done = None
@@ -338,50 +349,38 @@ class CurlPool:
             self._watch(what, fd)
         except Exception as exc:
             self.faults.note("socket_callback", exc)
-            self._watched.pop(fd, None)
-            self._idle_readers.discard(fd)
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(fd)
-                self._loop.remove_writer(fd)
             # curl must learn that this socket is not watched: an error event on it, from
             # the loop, fails the transfer using it instead of leaving it to its timeout.
             self._loop.call_soon(self._act, fd, pycurl.CSELECT_ERR)
 
     def _watch(self, what: int, fd: int) -> None:
-        # POLL_IN = 1 and POLL_OUT = 2 are bits (POLL_INOUT = 3); POLL_REMOVE = 4 means none.
-        wanted = what & pycurl.POLL_INOUT
-        watched = self._watched.get(fd, 0)
-        if wanted & pycurl.POLL_IN:
-            self._idle_readers.discard(fd)
-        elif watched & pycurl.POLL_IN:
-            self._idle_readers.add(fd)
-            wanted |= pycurl.POLL_IN  # stays registered until it fires or the socket closes
-        changed = wanted ^ watched
-        if not changed:
+        """Register `fd` in the pool's epoll as libcurl asks: POLL_IN, POLL_OUT or
+        POLL_INOUT; unregister it at POLL_REMOVE, which comes before libcurl closes it."""
+        epoll = self._epoll
+        if what == pycurl.POLL_REMOVE:
+            if self._watched.pop(fd, None) is not None:
+                try:
+                    epoll.unregister(fd)
+                except OSError as exc:  # closed before its POLL_REMOVE: already dropped
+                    self.faults.note("closed_while_watched", exc)
             return
+        flags = _EPOLL_FLAGS[what]
+        known = fd in self._watched
+        self._watched[fd] = flags
         try:
-            self._register(fd, wanted, changed)
-        except RuntimeError as exc:
-            # A closed poll handle left over by uvloop (see engine/curl_faults.py): drop
-            # it, then register everything wanted on a fresh one.
-            self.faults.note("closed_poll_handle", exc)
-            self._loop.remove_reader(fd)
-            self._loop.remove_writer(fd)
-            self._register(fd, wanted, wanted)
-        if wanted:
-            self._watched[fd] = wanted
-        else:
-            del self._watched[fd]
-
-    def _register(self, fd: int, wanted: int, changed: int) -> None:
-        loop = self._loop
-        if changed & pycurl.POLL_IN:
-            loop.add_reader(fd, self._on_readable, fd)
-        if changed & pycurl.POLL_OUT:
-            if wanted & pycurl.POLL_OUT:
-                loop.add_writer(fd, self._on_writable, fd)
+            if known:
+                epoll.modify(fd, flags)
             else:
-                loop.remove_writer(fd)
+                epoll.register(fd, flags)
+        except (FileNotFoundError, FileExistsError) as exc:
+            # The kernel's record and ours disagree: a socket of this number was closed
+            # without a POLL_REMOVE (the kernel dropped it) and the number reused. No
+            # harm to the loop, which never watched it; watch this socket as asked.
+            self.faults.note("closed_while_watched", exc)
+            if known:
+                epoll.register(fd, flags)
+            else:
+                epoll.modify(fd, flags)
 
     def _on_timer(self, timeout_ms: int) -> None:
         try:
@@ -415,35 +414,16 @@ class CurlPool:
 
     # Event loop callbacks: hand readiness to libcurl, then collect finished transfers.
 
-    def _on_close_socket(self, fd: int) -> int:
-        self._idle_readers.discard(fd)
-        try:
-            if self._watched.pop(fd, None) is not None and not self._closed:
-                self._loop.remove_reader(fd)
-                self._loop.remove_writer(fd)
-        except Exception as exc:  # a callback of libcurl's: never raise into it
-            self.faults.note("close_socket_callback", exc)
-        try:
-            os.close(fd)
-        except OSError as exc:
-            self.faults.note("close_socket", exc)
-        return 0
-
-    def _on_readable(self, fd: int) -> None:
-        if fd in self._idle_readers:
-            # An idle connection: curl sees whatever this is when it next uses it.
-            self._idle_readers.discard(fd)
-            self._loop.remove_reader(fd)
-            watched = self._watched[fd] & ~pycurl.POLL_IN
-            if watched:
-                self._watched[fd] = watched
-            else:
-                del self._watched[fd]
-            return
-        self._act(fd, pycurl.CSELECT_IN)
-
-    def _on_writable(self, fd: int) -> None:
-        self._act(fd, pycurl.CSELECT_OUT)
+    def _on_ready(self, epoll: select.epoll) -> None:
+        """The pool's epoll is readable: hand each ready socket to libcurl."""
+        if epoll is not self._epoll:
+            return  # a wake-up for an epoll rebuilt away by an earlier callback
+        for fd, flags in epoll.poll(0, MAX_EVENTS):
+            events = (pycurl.CSELECT_IN if flags & _IN_FLAGS else 0) | (
+                pycurl.CSELECT_OUT if flags & _OUT_FLAGS else 0)
+            self._act(fd, events)
+            if epoll is not self._epoll:
+                return  # _act rebuilt the multi handle: these events were the old one's
 
     def _on_timeout(self) -> None:
         self._timer = None
