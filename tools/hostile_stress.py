@@ -10,7 +10,9 @@ unshare).
 
 From the repository root, with the test extras installed:
 
-    python -m tools.hostile_stress --minutes 10 [--hosts 6] [--load 2] [--out DIR]
+    python -m tools.hostile_stress --minutes 10 [--runs 10] [--hosts 6] [--load 2] [--out DIR]
+
+Each run is a fresh engine on a fresh database; with --runs N the last line totals them.
 
 Counts what the issue asks about and prints them as one JSON line at the end (and into
 DIR/summary.json): worker exits (the supervisor's child_exited events, with their
@@ -113,7 +115,8 @@ def serve(hosts: list[str], folder: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--minutes", type=float, default=10.0, help="length of one run")
+    parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--hosts", type=int, default=6, help="loopback hosts, 127.0.0.2 on")
     parser.add_argument("--server-procs", type=int, default=2)
     parser.add_argument("--hostile-per-destination", type=int, default=6,
@@ -129,10 +132,23 @@ def main() -> None:
         serve(args.serve, Path(tempfile.mkdtemp(prefix="hostile-stress-tls-")))
         return
     out = args.out or Path(tempfile.mkdtemp(prefix="hostile-stress-"))
-    out.mkdir(parents=True, exist_ok=True)
-    summary = run(args, out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary), flush=True)
+    total: Counter[str] = Counter()
+    minutes = 0.0
+    for number in range(1, args.runs + 1):
+        folder = out / f"run-{number}" if args.runs > 1 else out
+        folder.mkdir(parents=True, exist_ok=True)
+        summary = run(args, folder)
+        (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(json.dumps(summary), flush=True)
+        total["runs"] += 1
+        total["worker_exits"] += len(summary["worker_exits"])
+        total["client_faults"] += sum(summary["client_faults_total_at_drain"].values())
+        total["processes_with_client_faults"] += sum(
+            summary["client_faults_first_per_process"].values())
+        total["fatal_errors_and_warnings"] += sum(summary["other"].values())
+        minutes += summary["minutes"]
+    if args.runs > 1:
+        print(json.dumps({"total": {"minutes": round(minutes, 2), **total}}), flush=True)
 
 
 def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
