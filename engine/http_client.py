@@ -6,14 +6,20 @@ thread per request, no polling: an idle pool costs nothing, and one process keep
 hundreds of requests in flight.
 
 The event loop watches one descriptor per pool, an epoll instance the pool opens with its
-multi handle and closes after removing its reader; libcurl's sockets are registered in
-that epoll only, exactly as libcurl asks (CURL_POLL_IN/OUT: add or modify,
-CURL_POLL_REMOVE: delete, which libcurl sends before it closes a socket it had asked us to
-watch), and libcurl opens and closes them itself: no close-socket callback. A socket
-closed without a word to us leaves the epoll by itself (the kernel drops a closed file
-from every epoll), so nothing the loop watches can ever be a closed or reused descriptor:
-that is what aborted workers (issue 37,
+multi handle and closes after removing its reader. libcurl's sockets are registered in
+that epoll only, as libcurl asks (CURL_POLL_IN/OUT/INOUT), and libcurl opens and closes
+them itself: no close-socket callback. A socket closed while registered leaves the epoll
+by itself (the kernel drops a closed file from every epoll), so nothing the loop watches
+is ever a closed or reused descriptor: that is what aborted workers (issue 37,
 docs/decisions/0020-the-loop-watches-one-epoll-per-pool.md).
+
+That also makes an idle kept-alive connection's registration safe to keep: libcurl drops
+a connection's watch (CURL_POLL_REMOVE) after every response and asks for it again with
+the next request on it, and deleting and re-adding it costs two epoll_ctl calls, several
+times what one modification costs (measured in the decision record). So at
+CURL_POLL_REMOVE a socket watched for reading stays registered, as idle; it is dropped
+when it fires (the peer closed or sent something unasked: libcurl sees that when it next
+uses the connection) or, when libcurl closes it, by the kernel.
 
 One request's handle and result: engine/http_transfer.py. Response bodies: the first
 `max_body` bytes are kept and the rest is read and discarded, because aborting a
@@ -121,6 +127,7 @@ class CurlPool:
         self._free: list[Transfer] = []
         self._active: dict[pycurl.Curl, Transfer] = {}
         self._watched: dict[int, int] = {}  # fd -> epoll flags registered in self._epoll
+        self._idle: set[int] = set()  # of those, sockets libcurl stopped watching (IN)
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_due = 0.0
         self._closed = False
@@ -146,6 +153,7 @@ class CurlPool:
         self._loop.remove_reader(self._epoll.fileno())
         self._epoll.close()
         self._watched.clear()
+        self._idle.clear()
         return self._multi
 
     @property
@@ -354,33 +362,43 @@ class CurlPool:
             self._loop.call_soon(self._act, fd, pycurl.CSELECT_ERR)
 
     def _watch(self, what: int, fd: int) -> None:
-        """Register `fd` in the pool's epoll as libcurl asks: POLL_IN, POLL_OUT or
-        POLL_INOUT; unregister it at POLL_REMOVE, which comes before libcurl closes it."""
+        """Register `fd` in the pool's epoll as libcurl asks. At POLL_REMOVE, which
+        libcurl sends before it closes a socket it had us watch, a socket watched for
+        reading stays registered as idle (see the module's docstring)."""
         epoll = self._epoll
+        registered = self._watched.get(fd)
         if what == pycurl.POLL_REMOVE:
-            if self._watched.pop(fd, None) is not None:
+            if registered == select.EPOLLIN:
+                self._idle.add(fd)
+            elif registered is not None:
+                del self._watched[fd]
                 try:
                     epoll.unregister(fd)
                 except OSError as exc:  # closed before its POLL_REMOVE: already dropped
                     self.faults.note("closed_while_watched", exc)
             return
         flags = _EPOLL_FLAGS[what]
-        known = fd in self._watched
         self._watched[fd] = flags
+        idle = fd in self._idle
+        self._idle.discard(fd)
+        if registered is None:
+            try:
+                epoll.register(fd, flags)
+            except FileExistsError as exc:  # registered under this number, unknown to us
+                self.faults.note("closed_while_watched", exc)
+                epoll.modify(fd, flags)
+            return
+        # Modified even when the flags are the same: an idle socket may have been closed
+        # by libcurl since, and this be a new socket under its number.
         try:
-            if known:
-                epoll.modify(fd, flags)
-            else:
-                epoll.register(fd, flags)
-        except (FileNotFoundError, FileExistsError) as exc:
-            # The kernel's record and ours disagree: a socket of this number was closed
-            # without a POLL_REMOVE (the kernel dropped it) and the number reused. No
-            # harm to the loop, which never watched it; watch this socket as asked.
-            self.faults.note("closed_while_watched", exc)
-            if known:
-                epoll.register(fd, flags)
-            else:
-                epoll.modify(fd, flags)
+            epoll.modify(fd, flags)
+        except FileNotFoundError as exc:
+            # The socket registered under this number was closed (the kernel dropped it)
+            # and the number reused: routine for an idle one, out of step with libcurl
+            # for one it was watching.
+            if not idle:
+                self.faults.note("closed_while_watched", exc)
+            epoll.register(fd, flags)
 
     def _on_timer(self, timeout_ms: int) -> None:
         try:
@@ -419,6 +437,13 @@ class CurlPool:
         if epoll is not self._epoll:
             return  # a wake-up for an epoll rebuilt away by an earlier callback
         for fd, flags in epoll.poll(0, MAX_EVENTS):
+            if fd in self._idle:
+                # An idle connection: libcurl sees whatever this is when it next uses it.
+                self._idle.discard(fd)
+                del self._watched[fd]
+                with contextlib.suppress(OSError):  # closed by an earlier _act: dropped
+                    epoll.unregister(fd)
+                continue
             events = (pycurl.CSELECT_IN if flags & _IN_FLAGS else 0) | (
                 pycurl.CSELECT_OUT if flags & _OUT_FLAGS else 0)
             self._act(fd, events)
