@@ -8,11 +8,13 @@ code 11), after which every later call fails ("multi_socket_action failed",
 the callbacks catch everything, and what they could not do is logged here once per kind
 (a hostile endpoint can cause thousands) and repaired by the pool.
 
-The fault that started it: uvloop closes its poll handle for a socket when epoll reports
-an error on it (a TCP reset: EPOLLERR), but keeps the closed handle in its table, so the
-next `add_reader`/`add_writer` of that fd raises "unable to perform operation on
-<UVPoll closed=True>". `remove_reader` and `remove_writer` drop the closed handle; adding
-works again after them.
+Kinds: `socket_callback`, `timer_callback` (a callback failed; the transfer or timeout is
+handed back to libcurl from the loop), `multi_unusable` (the multi handle was rebuilt),
+`on_done` (a result callback raised: a bug), `closed_while_watched` (a socket left the
+pool's epoll without libcurl's POLL_REMOVE first; harmless by design, counted to show it
+happens: docs/decisions/0020-the-loop-watches-one-epoll-per-pool.md). The first fault of
+this kind, uvloop's closed poll handle after a reset, is gone with that design: the loop
+watches no socket of libcurl's.
 """
 
 from __future__ import annotations

@@ -1,9 +1,25 @@
 """HTTP POSTs for deliveries: one pycurl multi handle driven by an asyncio event loop.
 
 libcurl tells us which sockets to watch (M_SOCKETFUNCTION) and when its next
-timeout is due (M_TIMERFUNCTION); the event loop reports readiness back through
-`socket_action`. No thread per request, no polling: an idle pool costs nothing, and one
-process keeps hundreds of requests in flight.
+timeout is due (M_TIMERFUNCTION); readiness goes back to it through `socket_action`. No
+thread per request, no polling: an idle pool costs nothing, and one process keeps
+hundreds of requests in flight.
+
+The event loop watches one descriptor per pool, an epoll instance the pool opens with its
+multi handle and closes after removing its reader. libcurl's sockets are registered in
+that epoll only, as libcurl asks (CURL_POLL_IN/OUT/INOUT), and libcurl opens and closes
+them itself: no close-socket callback. A socket closed while registered leaves the epoll
+by itself (the kernel drops a closed file from every epoll), so nothing the loop watches
+is ever a closed or reused descriptor: that is what aborted workers (issue 37,
+docs/decisions/0020-the-loop-watches-one-epoll-per-pool.md).
+
+That also makes an idle kept-alive connection's registration safe to keep: libcurl drops
+a connection's watch (CURL_POLL_REMOVE) after every response and asks for it again with
+the next request on it, and deleting and re-adding it costs two epoll_ctl calls, several
+times what one modification costs (measured in the decision record). So at
+CURL_POLL_REMOVE a socket watched for reading stays registered, as idle; it is dropped
+when it fires (the peer closed or sent something unasked: libcurl sees that when it next
+uses the connection) or, when libcurl closes it, by the kernel.
 
 One request's handle and result: engine/http_transfer.py. Response bodies: the first
 `max_body` bytes are kept and the rest is read and discarded, because aborting a
@@ -15,9 +31,8 @@ until timeout.
 
 import asyncio
 import contextlib
-import os
+import select
 import time
-import warnings
 from functools import lru_cache, partial
 from urllib.parse import urlsplit
 
@@ -45,6 +60,22 @@ from engine.targets import (
 DEFAULT_MAX_BODY = 4096
 DEFAULT_MAX_DRAIN = 1 << 20
 MAX_CONNECT_TIMEOUT_MS = 5000
+# Ready sockets taken from the pool's epoll per wake-up of the loop; more stay ready
+# (level-triggered) and are taken at the next one.
+MAX_EVENTS = 1024
+
+# What libcurl asks to watch -> epoll's flags. Errors and hang-ups are reported by epoll
+# whatever was asked.
+_EPOLL_FLAGS = {
+    pycurl.POLL_IN: select.EPOLLIN,
+    pycurl.POLL_OUT: select.EPOLLOUT,
+    pycurl.POLL_INOUT: select.EPOLLIN | select.EPOLLOUT,
+}
+# epoll's report -> socket_action's bits, as libcurl's own poll loop reads poll(2): an
+# error or hang-up is readable (the read reports it: a reset is a `recv` error) and
+# writable (a refused connect shows in SO_ERROR).
+_IN_FLAGS = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
+_OUT_FLAGS = select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP
 
 @lru_cache(maxsize=4096)
 def host_port(url: str) -> tuple[str, int]:
@@ -98,28 +129,37 @@ class CurlPool:
         self._max_host_connections = max_host_connections
         self.faults = FaultLog()
         self.rebuilds = 0  # times the multi handle was found unusable and replaced
-        self._multi = self._new_multi()
         self._free: list[Transfer] = []
         self._active: dict[pycurl.Curl, Transfer] = {}
-        self._watched: dict[int, int] = {}  # fd -> POLL_* currently registered
-        # Kept-alive connections curl stopped watching, whose reader stays registered:
-        # curl drops a connection's watch after every response and asks for it again with
-        # the next request on it, and a reader removed and re-added each time costs a
-        # quarter of a worker's CPU. Such a reader is removed when it fires (the peer
-        # closed or sent something unasked) or when curl closes the socket.
-        self._idle_readers: set[int] = set()
+        self._watched: dict[int, int] = {}  # fd -> epoll flags registered in self._epoll
+        self._idle: set[int] = set()  # of those, sockets libcurl stopped watching (IN)
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_due = 0.0
         self._closed = False
         self._checking: set[asyncio.Task[HttpResult]] = set()  # first lookups of a host
+        self._multi, self._epoll = self._new_multi()
 
-    def _new_multi(self) -> pycurl.CurlMulti:
+    def _new_multi(self) -> tuple[pycurl.CurlMulti, select.epoll]:
+        """A multi handle and the epoll its sockets are watched in, the epoll watched by
+        the loop (see the module's docstring)."""
         multi = pycurl.CurlMulti()
         multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
         multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
         multi.setopt(pycurl.M_MAXCONNECTS, self._max_connects)
         multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, self._max_host_connections)
-        return multi
+        epoll = select.epoll()
+        self._loop.add_reader(epoll.fileno(), self._on_ready, epoll)
+        return multi, epoll
+
+    def _drop_multi(self) -> pycurl.CurlMulti:
+        """Stop watching the multi handle's sockets: the loop's reader first, then the
+        epoll it reads. Returns the multi handle, for the caller to close."""
+        self._cancel_timer()
+        self._loop.remove_reader(self._epoll.fileno())
+        self._epoll.close()
+        self._watched.clear()
+        self._idle.clear()
+        return self._multi
 
     @property
     def in_flight(self) -> int:
@@ -170,9 +210,7 @@ class CurlPool:
     ) -> Transfer:
         if self._closed:
             raise RuntimeError("CurlPool is closed")
-        transfer = self._free.pop() if self._free else Transfer(
-            self._max_body, self._max_drain, self._on_close_socket
-        )
+        transfer = self._free.pop() if self._free else Transfer(self._max_body, self._max_drain)
         curl = transfer.curl
         curl.setopt(pycurl.HTTPHEADER, headers)
         curl.setopt(pycurl.POSTFIELDSIZE, len(body))
@@ -280,19 +318,7 @@ class CurlPool:
             self._release(transfer)
             if on_done is not None:
                 on_done(None)
-        self._cancel_timer()
-        for fd in list(self._watched):
-            self._loop.remove_reader(fd)
-            self._loop.remove_writer(fd)
-        self._watched.clear()
-        self._idle_readers.clear()
-        # The multi first: closing its cached connections calls the close-socket callback
-        # of the easy handles that opened them, which must still exist. pycurl cannot run
-        # a Python callback from inside multi.close and warns once per connection; the
-        # sockets are closed all the same (no reader of ours is left on them by now).
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "closesocket_callback", RuntimeWarning)
-            self._multi.close()
+        self._drop_multi().close()  # closes its cached connections
         for transfer in self._free:
             transfer.curl.close()
         self._free.clear()
@@ -315,19 +341,12 @@ class CurlPool:
         log_event("http_client_rebuilt", error=str(exc)[:300], failed_transfers=len(transfers),
                   rebuilds=self.rebuilds)
         self._active.clear()
-        self._cancel_timer()
-        for fd in list(self._watched):
-            self._loop.remove_reader(fd)
-            self._loop.remove_writer(fd)
-        self._watched.clear()
-        self._idle_readers.clear()
-        self._multi = self._new_multi()
-        with warnings.catch_warnings():  # as in close: the sockets are closed all the same
-            warnings.filterwarnings("ignore", "closesocket_callback", RuntimeWarning)
-            for transfer in transfers:
-                with contextlib.suppress(pycurl.error):
-                    old.remove_handle(transfer.curl)
-            old.close()
+        self._drop_multi()
+        self._multi, self._epoll = self._new_multi()
+        for transfer in transfers:
+            with contextlib.suppress(pycurl.error):
+                old.remove_handle(transfer.curl)
+        old.close()
         for transfer in transfers:  # not recycled: their state belonged to the dead multi
             on_done = transfer.on_done
             transfer.on_done = None
@@ -344,50 +363,48 @@ class CurlPool:
             self._watch(what, fd)
         except Exception as exc:
             self.faults.note("socket_callback", exc)
-            self._watched.pop(fd, None)
-            self._idle_readers.discard(fd)
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(fd)
-                self._loop.remove_writer(fd)
             # curl must learn that this socket is not watched: an error event on it, from
             # the loop, fails the transfer using it instead of leaving it to its timeout.
             self._loop.call_soon(self._act, fd, pycurl.CSELECT_ERR)
 
     def _watch(self, what: int, fd: int) -> None:
-        # POLL_IN = 1 and POLL_OUT = 2 are bits (POLL_INOUT = 3); POLL_REMOVE = 4 means none.
-        wanted = what & pycurl.POLL_INOUT
-        watched = self._watched.get(fd, 0)
-        if wanted & pycurl.POLL_IN:
-            self._idle_readers.discard(fd)
-        elif watched & pycurl.POLL_IN:
-            self._idle_readers.add(fd)
-            wanted |= pycurl.POLL_IN  # stays registered until it fires or the socket closes
-        changed = wanted ^ watched
-        if not changed:
+        """Register `fd` in the pool's epoll as libcurl asks. At POLL_REMOVE, which
+        libcurl sends before it closes a socket it had us watch, a socket watched for
+        reading stays registered as idle (see the module's docstring)."""
+        epoll = self._epoll
+        registered = self._watched.get(fd)
+        if what == pycurl.POLL_REMOVE:
+            if registered == select.EPOLLIN:
+                self._idle.add(fd)
+            elif registered is not None:
+                del self._watched[fd]
+                try:
+                    epoll.unregister(fd)
+                except OSError as exc:  # closed before its POLL_REMOVE: already dropped
+                    self.faults.note("closed_while_watched", exc)
             return
+        flags = _EPOLL_FLAGS[what]
+        self._watched[fd] = flags
+        idle = fd in self._idle
+        self._idle.discard(fd)
+        if registered is None:
+            try:
+                epoll.register(fd, flags)
+            except FileExistsError as exc:  # registered under this number, unknown to us
+                self.faults.note("closed_while_watched", exc)
+                epoll.modify(fd, flags)
+            return
+        # Modified even when the flags are the same: an idle socket may have been closed
+        # by libcurl since, and this be a new socket under its number.
         try:
-            self._register(fd, wanted, changed)
-        except RuntimeError as exc:
-            # A closed poll handle left over by uvloop (see engine/curl_faults.py): drop
-            # it, then register everything wanted on a fresh one.
-            self.faults.note("closed_poll_handle", exc)
-            self._loop.remove_reader(fd)
-            self._loop.remove_writer(fd)
-            self._register(fd, wanted, wanted)
-        if wanted:
-            self._watched[fd] = wanted
-        else:
-            del self._watched[fd]
-
-    def _register(self, fd: int, wanted: int, changed: int) -> None:
-        loop = self._loop
-        if changed & pycurl.POLL_IN:
-            loop.add_reader(fd, self._on_readable, fd)
-        if changed & pycurl.POLL_OUT:
-            if wanted & pycurl.POLL_OUT:
-                loop.add_writer(fd, self._on_writable, fd)
-            else:
-                loop.remove_writer(fd)
+            epoll.modify(fd, flags)
+        except FileNotFoundError as exc:
+            # The socket registered under this number was closed (the kernel dropped it)
+            # and the number reused: routine for an idle one, out of step with libcurl
+            # for one it was watching.
+            if not idle:
+                self.faults.note("closed_while_watched", exc)
+            epoll.register(fd, flags)
 
     def _on_timer(self, timeout_ms: int) -> None:
         try:
@@ -421,35 +438,23 @@ class CurlPool:
 
     # Event loop callbacks: hand readiness to libcurl, then collect finished transfers.
 
-    def _on_close_socket(self, fd: int) -> int:
-        self._idle_readers.discard(fd)
-        try:
-            if self._watched.pop(fd, None) is not None and not self._closed:
-                self._loop.remove_reader(fd)
-                self._loop.remove_writer(fd)
-        except Exception as exc:  # a callback of libcurl's: never raise into it
-            self.faults.note("close_socket_callback", exc)
-        try:
-            os.close(fd)
-        except OSError as exc:
-            self.faults.note("close_socket", exc)
-        return 0
-
-    def _on_readable(self, fd: int) -> None:
-        if fd in self._idle_readers:
-            # An idle connection: curl sees whatever this is when it next uses it.
-            self._idle_readers.discard(fd)
-            self._loop.remove_reader(fd)
-            watched = self._watched[fd] & ~pycurl.POLL_IN
-            if watched:
-                self._watched[fd] = watched
-            else:
+    def _on_ready(self, epoll: select.epoll) -> None:
+        """The pool's epoll is readable: hand each ready socket to libcurl."""
+        if epoll is not self._epoll:
+            return  # a wake-up for an epoll rebuilt away by an earlier callback
+        for fd, flags in epoll.poll(0, MAX_EVENTS):
+            if fd in self._idle:
+                # An idle connection: libcurl sees whatever this is when it next uses it.
+                self._idle.discard(fd)
                 del self._watched[fd]
-            return
-        self._act(fd, pycurl.CSELECT_IN)
-
-    def _on_writable(self, fd: int) -> None:
-        self._act(fd, pycurl.CSELECT_OUT)
+                with contextlib.suppress(OSError):  # closed by an earlier _act: dropped
+                    epoll.unregister(fd)
+                continue
+            events = (pycurl.CSELECT_IN if flags & _IN_FLAGS else 0) | (
+                pycurl.CSELECT_OUT if flags & _OUT_FLAGS else 0)
+            self._act(fd, events)
+            if epoll is not self._epoll:
+                return  # _act rebuilt the multi handle: these events were the old one's
 
     def _on_timeout(self) -> None:
         self._timer = None

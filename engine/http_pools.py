@@ -17,6 +17,7 @@ connection cache between them (max_connects each), as hosts are split between th
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import partial
 
 from engine.http_client import CurlPool, HttpResult, host_port
@@ -77,6 +78,13 @@ class CurlPools:
         if not any(counts):
             del self._in_flight[host]  # hosts come and go: keep only those in use
         on_done(result)
+
+    def fault_counts(self) -> dict[str, int]:
+        """Faults of the client's machinery counted by all the pools (curl_faults.py)."""
+        total: Counter[str] = Counter()
+        for pool in self.pools:
+            total.update(pool.faults.counts)
+        return dict(total)
 
     async def close(self) -> None:
         """Close every pool: what is still in flight comes back as None (CurlPool.close)."""

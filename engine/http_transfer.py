@@ -104,9 +104,7 @@ class Transfer:
         "target",
     )
 
-    def __init__(
-        self, max_body: int, max_drain: int, close_socket: Callable[[int], int]
-    ) -> None:
+    def __init__(self, max_body: int, max_drain: int) -> None:
         self.max_body = max_body
         self.max_drain = max_drain
         self.body = bytearray()
@@ -126,7 +124,8 @@ class Transfer:
         curl.setopt(pycurl.TCP_NODELAY, 1)
         curl.setopt(pycurl.POST, 1)
         curl.setopt(pycurl.WRITEFUNCTION, self._on_body)
-        curl.setopt(pycurl.CLOSESOCKETFUNCTION, close_socket)
+        # No CLOSESOCKETFUNCTION: libcurl closes its sockets itself, after telling the pool
+        # to stop watching them (docs/decisions/0020-the-loop-watches-one-epoll-per-pool.md).
         self.curl = curl
 
     def start(self, on_done: OnDone) -> None:

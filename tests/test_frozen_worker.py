@@ -96,6 +96,7 @@ def test_worker_frozen_in_its_claim_transaction(
         wait_until(lambda: [r for r in engine.events("database_unavailable")
                             if r["pid"] == frozen and r["during"] == "claim"], 30,
                    "the reconnect")
+        engine.assert_no_worker_exited()
         assert engine.worker_pids() == [frozen, other]
         assert not engine.events("child_exited")
     assert sorted(server.healthy_ids.values()) == [1] * (2 * EVENTS)  # no duplicate

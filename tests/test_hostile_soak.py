@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
-import psutil
 import psycopg
 import pytest
 
@@ -93,15 +93,21 @@ def test_hostile_soak(dsn: str, conn: psycopg.Connection, tmp_path: Path) -> Non
                 queue.enqueue_events(conn, [EventIn("tick", f'{{"n":{healthy_events}}}')
                                             for _ in range(HEALTHY_EVENTS_PER_S // 10)])
                 healthy_events += HEALTHY_EVENTS_PER_S // 10
-                rss_peak = max(rss_peak, *(psutil.Process(p).memory_info().rss
-                                           for p in workers))
+                # A worker that exits fails the soak with its exit ("worker 1687 exited:
+                # SIGABRT after 25.3 s"), whether its log line or its absence comes first.
+                engine.assert_no_worker_exited()
+                rss_peak = max(rss_peak, *engine.sample_workers(
+                    workers, lambda process: process.memory_info().rss))
                 time.sleep(0.1)
             expected = healthy_events * len(healthy_ids)
-            wait_until(lambda: finished(conn, healthy_ids) == expected, 60,
-                       "every healthy delivery")
+            wait_until(lambda: engine.assert_no_worker_exited()
+                       or finished(conn, healthy_ids) == expected, 60, "every healthy delivery")
+            engine.assert_no_worker_exited()
             assert engine.worker_pids() == workers
             assert not engine.events("child_exited")
             assert not engine.events("child_restarted")
+            # Faults of the client's machinery: none (issue 37, docs/decisions/0020-*.md).
+            assert not engine.events("http_client_fault"), engine.events("http_client_fault")
             rebuilt = sum(r["failed_transfers"] for r in engine.events("http_client_rebuilt"))
         # After the drain: nothing in flight, nothing lost.
         rows = conn.execute(
@@ -157,3 +163,18 @@ def finished(conn: psycopg.Connection, destination_ids: list[int]) -> int:
     row = conn.execute("SELECT count(*) FROM finished_deliveries WHERE destination_id = ANY(%s)"
                        " AND status = 'delivered'", [destination_ids]).fetchone()
     return int(row[0]) if row else 0
+
+
+def test_an_exited_worker_fails_the_sampling_with_its_signal(dsn: str, tmp_path: Path) -> None:
+    """What the soak says when a worker dies under it: the worker and its signal, from the
+    supervisor's log, not psutil's NoSuchProcess."""
+    with Engine(dsn, tmp_path, "--procs", "1", "--bind", "127.0.0.1:0") as engine:
+        (worker,) = wait_until(engine.worker_pids, 60, "the worker")
+        os.kill(worker, signal.SIGABRT)
+        with pytest.raises(AssertionError, match=rf"^worker {worker} exited: SIGABRT after "):
+            for _ in range(600):
+                engine.sample_workers([worker], lambda process: process.memory_info().rss)
+                time.sleep(0.05)
+        wait_until(lambda: engine.worker_exits(), 10, "the exit logged")
+        with pytest.raises(AssertionError, match=rf"^worker {worker} exited: SIGABRT after "):
+            engine.assert_no_worker_exited()

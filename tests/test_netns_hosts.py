@@ -206,6 +206,8 @@ def test_cut_and_frozen_hosts(tmp_path: Path) -> None:
                     os.kill(pid, signal.SIGCONT)
             episode_done("host frozen", held, recovered)
             # Both hosts rejoined: still the same processes.
+            a.assert_no_worker_exited()
+            b.assert_no_worker_exited()
             assert a.worker_pids() == a_workers and b.worker_pids() == b_workers
             assert counts(conn).get("in_flight", 0) == 0
         conn.close()

@@ -147,7 +147,7 @@ def test_kill_9_of_a_worker_loses_nothing_and_resends_only_what_was_in_flight(
             wait_until(lambda: fake.name_stats("k").get("in_flight", 0) >= 30, 60,
                        "requests in flight")
             (victim,) = run.worker_pids()
-            psutil.Process(victim).kill()
+            run.sample_workers([victim], psutil.Process.kill)  # gone already: says how
             wait_until(lambda: run.events("claims_released"), 60, "claims released")
             wait_until(lambda: len(run.worker_pids()) == 1 and run.worker_pids() != [victim],
                        60, "worker restarted")

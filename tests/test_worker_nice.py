@@ -25,7 +25,7 @@ def test_worker_children_run_at_the_configured_niceness(
         expected = min(19, supervisor_nice + worker_nice)
         # The worker sets its niceness first thing in its role entry, just after the fork.
         wait_until(
-            lambda: [psutil.Process(pid).nice() for pid in engine.worker_pids()]
+            lambda: engine.sample_workers(engine.worker_pids(), psutil.Process.nice)
             == [expected, expected],
             10, f"workers at niceness {expected}",
         )

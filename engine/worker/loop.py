@@ -185,7 +185,7 @@ class DeliveryWorker:
         await self.recorder.conn.close()
         log_event(
             "worker_drained", worker=self.worker, released_unsent=unsent,
-            released_unfinished=unfinished,
+            released_unfinished=unfinished, http_client_faults=self.http.fault_counts(),
         )
 
     def _give_up_after_drain_deadline(self) -> None:

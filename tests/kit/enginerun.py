@@ -7,14 +7,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+EXIT_LOGGED_WITHIN_S = 10.0  # the supervisor reaps and logs a dead child within this
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -100,6 +102,34 @@ class Engine:
                 exited.add(record["child"])
         return [pid for pid in started if pid not in exited]
 
+    def worker_exits(self) -> list[dict[str, Any]]:
+        """The supervisor's child_exited records of workers, in order."""
+        return [r for r in self.events("child_exited") if r.get("role") == "worker"]
+
+    def assert_no_worker_exited(self) -> None:
+        """Fail with what the supervisor saw ("worker 1687 exited: SIGABRT after 25.3 s")
+        if any worker exited."""
+        exits = self.worker_exits()
+        assert not exits, "; ".join(describe_exit(r) for r in exits)
+
+    def sample_workers(self, pids: Iterable[int], measure: Callable[[psutil.Process], T]
+                       ) -> list[T]:
+        """`measure` of each worker process. A worker that is gone fails the test with its
+        exit as the supervisor logged it, not with psutil's NoSuchProcess."""
+        try:
+            return [measure(psutil.Process(pid)) for pid in pids]
+        except psutil.NoSuchProcess as exc:
+            gone = exc.pid
+        deadline = time.monotonic() + EXIT_LOGGED_WITHIN_S
+        while True:
+            records = [r for r in self.worker_exits() if r["child"] == gone]
+            if records:
+                raise AssertionError(describe_exit(records[0]))
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker {gone} is gone, and the supervisor logged no "
+                                     f"exit for it within {EXIT_LOGGED_WITHIN_S:.0f} s")
+            time.sleep(0.1)
+
     def signal(self, signum: int) -> None:
         assert self.proc is not None
         self.proc.send_signal(signum)
@@ -107,3 +137,10 @@ class Engine:
     def wait(self, timeout: float) -> int:
         assert self.proc is not None
         return self.proc.wait(timeout)
+
+
+def describe_exit(record: dict[str, Any]) -> str:
+    """"worker 1687 exited: SIGABRT after 25.3 s" from a child_exited record."""
+    how = record.get("signal") or f"exit code {record.get('exit_code')}"
+    return f"{record.get('role', 'worker')} {record['child']} exited: {how} after " \
+           f"{record.get('lived_s')} s"
