@@ -3,20 +3,23 @@
 # minimal Debian 12 (debootstrap --variant=minbase bookworm, plus python3 python3-venv
 # python3-pip git ca-certificates and nothing else), entered with chroot, as root:
 #
-#   bash tools/fresh-debian.sh [--base ROOTFS.tgz] [--keep]
+#   bash tools/fresh-debian.sh [--base ROOTFS.tgz] [--keep] [--quickstart-only]
 #
 # It proves that the project installs what it needs from its own files. --base reuses a
 # tarball of such a root made before (its top folder is the root); --keep leaves the root
-# in place. The lines' output goes to fresh-debian-{quickstart,tests}.log in the current
-# folder. Needs root and debootstrap; the mirror is the one this machine's apt names.
+# in place; --quickstart-only runs the first line alone. The lines' output goes to
+# fresh-debian-{quickstart,tests}.log in the current folder. Needs root and debootstrap;
+# the mirror is the one this machine's apt names.
 set -euo pipefail
 SOURCE="$(cd "$(dirname "$0")/.." && pwd)"
 BASE=""
 KEEP=0
+ONLY_QUICKSTART=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --base) BASE="$2"; shift 2 ;;
         --keep) KEEP=1; shift ;;
+        --quickstart-only) ONLY_QUICKSTART=1; shift ;;
         *) echo "fresh-debian.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
@@ -47,7 +50,7 @@ else
     cp /etc/resolv.conf "$ROOTFS/etc/resolv.conf"
     chroot "$ROOTFS" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive chroot "$ROOTFS" apt-get install -y -qq \
-        python3 python3-venv python3-pip git ca-certificates
+        --no-install-recommends python3 python3-venv python3-pip git ca-certificates
 fi
 cp /etc/resolv.conf "$ROOTFS/etc/resolv.conf"
 # A network that inspects TLS (a company's egress proxy) has its CA in the host's store:
@@ -94,4 +97,5 @@ run() {  # run NAME LINE: the line in the clone, timed, its output to a log
 }
 # The test line runs in the shell the Quickstart left: its venv activated.
 run quickstart "$QUICKSTART"
+[ "$ONLY_QUICKSTART" = 1 ] && exit 0
 run tests ". .venv/bin/activate && $TESTS"
