@@ -9,8 +9,10 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -20,7 +22,7 @@ import pytest
 import uvloop
 
 from engine.http_client import CurlPool, HttpResult
-from tests.kit.hostile_servers import HostileServer, TlsServer
+from tests.kit.hostile_servers import HostileServer, TlsServer, _read_request
 from tests.kit.httpserver_helpers import closed_port
 
 HEADERS = ["content-type: application/json", "Expect:"]
@@ -178,6 +180,54 @@ def test_a_socket_closed_behind_the_pools_back_harms_nothing(loop: str) -> None:
 def exit_description(returncode: int) -> str:
     return (signal.Signals(-returncode).name if returncode < 0
             else f"exit code {returncode}")
+
+
+def test_an_idle_connection_closed_by_its_peer_leaves_the_pools_epoll(run) -> None:
+    """A kept-alive connection stays registered in the pool's epoll after its response
+    (idle); when its peer closes it, the registration is dropped as it fires, libcurl is
+    not woken, and the next request opens a new connection. No client fault."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+
+        def serve() -> None:  # one request per connection, then the server closes it
+            for _ in range(2):
+                conn, _ = listener.accept()
+                with conn:
+                    _read_request(conn, b"")
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    time.sleep(0.2)
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+
+        async def body(pool: CurlPool) -> tuple[HttpResult, bool, HttpResult, dict[str, int]]:
+            connecting: list[int] = []  # a connection is watched for writing to connect
+            watch = pool._watch
+
+            def recording(what: int, fd: int) -> None:
+                if what == pycurl.POLL_OUT:
+                    connecting.append(fd)
+                watch(what, fd)
+
+            pool._watch = recording  # type: ignore[method-assign]
+            first = await pool.post(url, HEADERS, b"{}", TIMEOUT_MS)
+            (connection,) = connecting
+            idle = connection in pool._idle
+            for _ in range(100):  # until the peer's close fires
+                if connection not in pool._watched:
+                    break
+                await asyncio.sleep(0.05)
+            assert connection not in pool._idle and connection not in pool._watched
+            second = await pool.post(url, HEADERS, b"{}", TIMEOUT_MS)
+            return first, idle, second, dict(pool.faults.counts)
+
+        first, idle, second, faults = run(body)
+        server.join(5)
+    assert first.ok and second.ok, (first, second)
+    assert idle
+    assert faults == {}
 
 
 def test_dead_multi_handle_is_rebuilt_and_its_transfers_fail_once(

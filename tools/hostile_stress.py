@@ -15,12 +15,13 @@ From the repository root, with the test extras installed:
 Each run is a fresh engine on a fresh database; with --runs N the last line totals them.
 
 Counts what the issue asks about and prints them as one JSON line at the end (and into
-DIR/summary.json): worker exits (the supervisor's child_exited events, with their
-signal), the client's tolerated faults (`http_client_fault` lines: the first of each
-kind per process; `http_client_faults` totals in worker_drained), pycurl's "failed to
-acquire thread" warnings and faulthandler's "Fatal Python error" reports. Workers run
-with PYTHONFAULTHANDLER=1 and unlimited core files (written to DIR, the kernel's
-core_pattern permitting) for the native stack: `gdb python DIR/core.PID`.
+DIR/summary.json): worker exits (the supervisor's child_exited events with their signal,
+but for the exit code 0 of the final drain); the client's tolerated faults
+(`http_client_fault` lines, the first of each kind per CurlPool, and the totals of
+worker_drained's `http_client_faults`); pycurl's "failed to acquire thread" warnings and
+faulthandler's "Fatal Python error" reports. Workers run with PYTHONFAULTHANDLER=1 and
+unlimited core files (written to DIR as the kernel's core_pattern permits) for the
+native stack: `gdb python DIR/core`.
 """
 
 from __future__ import annotations
@@ -143,8 +144,8 @@ def main() -> None:
         total["runs"] += 1
         total["worker_exits"] += len(summary["worker_exits"])
         total["client_faults"] += sum(summary["client_faults_total_at_drain"].values())
-        total["processes_with_client_faults"] += sum(
-            summary["client_faults_first_per_process"].values())
+        total["pools_with_client_faults"] += sum(
+            summary["client_faults_first_per_pool"].values())
         total["fatal_errors_and_warnings"] += sum(summary["other"].values())
         minutes += summary["minutes"]
     if args.runs > 1:
@@ -262,7 +263,8 @@ def summarize(log_path: Path, conn: psycopg.Connection, ran_s: float, ticks: int
             except ValueError:
                 continue
             event = record.get("event")
-            if event == "child_exited" and record.get("role") == "worker":
+            if event == "child_exited" and record.get("role") == "worker" and (
+                    record.get("signal") or record.get("exit_code")):  # not a drain's 0
                 exits.append({k: record.get(k)
                               for k in ("child", "signal", "exit_code", "lived_s")})
             elif event == "http_client_fault":
@@ -286,7 +288,7 @@ def summarize(log_path: Path, conn: psycopg.Connection, ran_s: float, ticks: int
                              " WHERE status = 'delivered'").fetchone()
     return {
         "minutes": round(ran_s / 60, 2), "worker_exits": exits,
-        "client_faults_first_per_process": dict(faults),
+        "client_faults_first_per_pool": dict(faults),
         "client_faults_total_at_drain": dict(drained), "other": dict(other),
         "healthy_events": ticks, "healthy_delivered": delivered[0] if delivered else None,
         "hostile_attempt_errors": {k: dict(v) for k, v in sorted(errors.items())},
