@@ -49,7 +49,7 @@ from engine.domain import EventIn
 from engine.testing.fakedest import FakeDestination
 from tests.kit.data import add_destination
 from tests.kit.dbserver import DatabaseFactory, test_server
-from tests.kit.hostile_servers import HostileServer, TlsServer, _Handler, _read_request
+from tests.kit.hostile_servers import HostileServer, TlsServer, _Handler
 from tests.kit.httpserver_helpers import closed_port
 from tests.test_hostile_destinations import isolated_dns_prefix
 
@@ -65,35 +65,19 @@ class _IdleClosingHandler(_Handler):
     the client sends nothing for a random 0.05-1 s (a reset one time in three): cached
     connections die while libcurl still holds them."""
 
-    def handle(self) -> None:
-        sock: socket.socket = self.request
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        pending = b""
+    def answer(self, sock: socket.socket, behaviour: str, path: str) -> bool:
+        if behaviour != "idle-close":
+            return super().answer(sock, behaviour, path)
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        sock.settimeout(random.uniform(0.05, 1.0))
         try:
-            while not self.server.stopping.is_set():
-                request = _read_request(sock, pending)
-                if request is None:
-                    return
-                line, _, pending = request
-                path = line.split(b" ")[1].decode() if line.count(b" ") >= 2 else "/"
-                behaviour = path.strip("/").split("/")[0]
-                self.server.count(behaviour, path, None)
-                if behaviour != "idle-close":
-                    if not self.answer(sock, behaviour, path):
-                        return
-                    continue
-                sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                sock.settimeout(random.uniform(0.05, 1.0))
-                try:
-                    sock.recv(1, socket.MSG_PEEK)  # the next request, or EOF
-                except TimeoutError:
-                    if random.random() < 1 / 3:
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                        struct.pack("ii", 1, 0))
-                    return
-                sock.settimeout(None)
-        except OSError:
-            return
+            sock.recv(1, socket.MSG_PEEK)  # the next request, or EOF
+        except TimeoutError:
+            if random.random() < 1 / 3:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return False
+        sock.settimeout(None)
+        return True
 
 
 class StressServer(HostileServer):
