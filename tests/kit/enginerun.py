@@ -120,15 +120,10 @@ class Engine:
             return [measure(psutil.Process(pid)) for pid in pids]
         except psutil.NoSuchProcess as exc:
             gone = exc.pid
-        deadline = time.monotonic() + EXIT_LOGGED_WITHIN_S
-        while True:
-            records = [r for r in self.worker_exits() if r["child"] == gone]
-            if records:
-                raise AssertionError(describe_exit(records[0]))
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker {gone} is gone, and the supervisor logged no "
-                                     f"exit for it within {EXIT_LOGGED_WITHIN_S:.0f} s")
-            time.sleep(0.1)
+        record = wait_until(
+            lambda: next((r for r in self.worker_exits() if r["child"] == gone), None),
+            EXIT_LOGGED_WITHIN_S, f"the supervisor to log the exit of worker {gone}, gone")
+        raise AssertionError(describe_exit(record))
 
     def signal(self, signum: int) -> None:
         assert self.proc is not None
