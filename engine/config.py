@@ -43,9 +43,8 @@ class Settings:
     default_timeout_ms: int = 10_000
     max_timeout_ms: int = 30_000
     lease_ms: int = 60_000
-    # Concurrent requests per worker process. 1,024: with destinations answering in 100 ms,
-    # 512 held two workers to ~7,800/s, the slots all busy; 1,024 gave ~10,400/s (bench
-    # drain-slow, 2026-12-02). The worker raises its open-file limit to match (loop.py).
+    # Concurrent requests per worker process: enough slots to wait on slow destinations
+    # (docs/decisions/0021). The worker raises its open-file limit to match (loop.py).
     max_in_flight: int = 1024
     first_attempt_share: float = 0.25  # of a worker's slots kept for first attempts
     breaker_threshold: int = 5

@@ -3,10 +3,8 @@
 Why more than one multi handle: to reuse a kept-alive connection, libcurl walks every
 connection its multi handle has open to the request's host (Curl_cpool_find, then
 url_match_conn for each), so with a thousand requests in flight to one host every new
-request pays for a thousand comparisons. `python -m tools.http_client_bench
---concurrency 1024 --pools 1` against `--pools 8`, three alternating pairs on the 2-core
-machine (bench/results/2026-12-03-issue-12-pools.md): 88-111 against 81-87 us of client
-CPU per POST.
+request pays for a thousand comparisons; several pools cost less client CPU per POST
+(docs/decisions/0016, measured with `python -m tools.http_client_bench`).
 
 A host's requests go to its own pool (by hash) until SPREAD of them are in flight there,
 then to the next pool, and so on. A destination with a few requests at a time therefore
