@@ -26,10 +26,8 @@ class Settings:
     dsn: str | None = None
     procs: int = field(default_factory=lambda: os.cpu_count() or 1)
     bind: str = "127.0.0.1:8080"
-    # One ingress process, measured against two on 2 cores with the workers delivering
-    # (bench/README.md): one commit stream makes larger group commits, so less CPU per
-    # event (80 against 117 µs at the ceiling, 0.14-0.16 against 0.23 ms at 1,000/s) and a
-    # lower latency; one process accepts well over 10,000 events/s before its core is full.
+    # One ingress process: one commit stream makes larger group commits, so less CPU per
+    # event and a lower latency than two (docs/decisions/0022).
     ingress_procs: int = 1
     # Added to the niceness of delivery worker children (0: same as ingress); see
     # supervisor._run_worker for why.

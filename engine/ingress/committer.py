@@ -12,8 +12,7 @@ next one. The batch grows with the load, and a lone request waits for nobody.
 A second committer slot (its own connection) joins in only when many events wait (batch
 requests): one commit then gathers while the other executes, using a second core of the
 database server. For single events it would halve the batches and double the commits,
-which costs more CPU per event than it saves latency (measured with wrk on one ingress
-process: 6,000/s at 88 µs of CPU per event with two slots, 10,700/s at 70 µs with one).
+which costs more CPU per event than it saves latency (docs/decisions/0022).
 """
 
 from __future__ import annotations
@@ -161,8 +160,7 @@ class Committer:
                         await asyncio.wait_for(self._full.wait(), self.window_s)
                 else:
                     # One loop pass: requests read in the same pass as the one that woke
-                    # us join this commit rather than wait for the next (bursts; 20 %
-                    # less CPU per event at 870/s from 50 paced wrk connections).
+                    # us join this commit rather than wait for the next (decision 0022).
                     await asyncio.sleep(0)
                 batch = self._take()
                 if not batch:
