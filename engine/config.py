@@ -27,7 +27,7 @@ class Settings:
     procs: int = field(default_factory=lambda: os.cpu_count() or 1)
     bind: str = "127.0.0.1:8080"
     # One ingress process: one commit stream makes larger group commits, so less CPU per
-    # event and a lower latency than two (docs/decisions/0022).
+    # event and a lower latency than two (docs/decisions/0024).
     ingress_procs: int = 1
     # Added to the niceness of delivery worker children (0: same as ingress); see
     # supervisor._run_worker for why.
@@ -42,7 +42,7 @@ class Settings:
     max_timeout_ms: int = 30_000
     lease_ms: int = 60_000
     # Concurrent requests per worker process: enough slots to wait on slow destinations
-    # (docs/decisions/0021). The worker raises its open-file limit to match (loop.py).
+    # (docs/decisions/0023). The worker raises its open-file limit to match (loop.py).
     max_in_flight: int = 1024
     first_attempt_share: float = 0.25  # of a worker's slots kept for first attempts
     breaker_threshold: int = 5

@@ -12,7 +12,7 @@ next one. The batch grows with the load, and a lone request waits for nobody.
 A second committer slot (its own connection) joins in only when many events wait (batch
 requests): one commit then gathers while the other executes, using a second core of the
 database server. For single events it would halve the batches and double the commits,
-which costs more CPU per event than it saves latency (docs/decisions/0022).
+which costs more CPU per event than it saves latency (docs/decisions/0024).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ class Committer:
                         await asyncio.wait_for(self._full.wait(), self.window_s)
                 else:
                     # One loop pass: requests read in the same pass as the one that woke
-                    # us join this commit rather than wait for the next (decision 0022).
+                    # us join this commit rather than wait for the next (decision 0024).
                     await asyncio.sleep(0)
                 batch = self._take()
                 if not batch:
