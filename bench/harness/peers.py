@@ -116,7 +116,8 @@ def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, o
         # The backlog is due when the workers start: pgqueuer opens 200 connections, not
         # 1,024, and a warm-up as the engine's (the backlog due only after it) would cost it
         # more than it saves: ANALYZE then sees no job due, and its dequeue plan for the
-        # backlog spends 2.4 times the PostgreSQL CPU per job (356 against ~150 µs).
+        # backlog costs far more PostgreSQL CPU per job
+        # (bench/results/2026-11-30-drain-ingress-sql-rounds.md).
         asyncio.run(enqueue(dsn, count))
         conn.execute("VACUUM ANALYZE")
         pg_pid = stack.postmaster_pid(conn)
