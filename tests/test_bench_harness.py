@@ -1,26 +1,68 @@
-"""bench/harness at a tiny size: tool checks, one contention cell on a real database, the
-report folder and the metrics parsing the scenarios rely on."""
+"""The bench at a tiny size: the registry of scenarios, tool checks, one contention cell on
+a real database, the report folder and the metrics parsing the scenarios rely on."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import psycopg
 
-from bench.harness import contention, stack
+from bench.harness import cli, contention, stack
 from bench.harness.report import Report, figure
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def harness(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bench.harness", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def documented_scenarios() -> set[str]:
+    """Every scenario the READMEs tell a user to run: bench/README.md's table, and each
+    `bench/run.sh NAME` or `python -m bench NAME` in either README."""
+    bench_readme = (ROOT / "bench" / "README.md").read_text()
+    names = set(re.findall(r"^\| `([a-z0-9-]+)` \|", bench_readme, re.MULTILINE))
+    for text in (bench_readme, (ROOT / "README.md").read_text()):
+        names |= set(re.findall(r"(?:bench/run\.sh|python -m bench) ([a-z][a-z0-9-]+)", text))
+    return names
+
+
+def test_the_registry_runs_every_documented_scenario() -> None:
+    documented = documented_scenarios()
+    assert {"throughput", "slow-destination", "dead-destination", "contention", "bloat",
+            "all", "drain-fast", "drain-slow", "peers", "ingress"} <= documented
+    assert documented <= set(cli.SCENARIOS), documented - set(cli.SCENARIOS)
+    listed = harness("--help")
+    assert listed.returncode == 0, listed.stderr
+    for name, scenario in cli.SCENARIOS.items():
+        assert re.search(rf"^  {re.escape(name)} +{re.escape(scenario.summary)}$",
+                         listed.stdout, re.MULTILINE), name
+        if isinstance(scenario, cli.Suite):
+            assert all(isinstance(cli.SCENARIOS[m], cli.Timed) for m in scenario.members)
+        else:
+            module = importlib.import_module(f"bench.harness.{scenario.module}")
+            assert callable(getattr(module, "run" if isinstance(scenario, cli.Timed)
+                                    else "main"))
+
+
+def test_run_sh_and_the_entry_scripts_reach_the_registry() -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT)}
+    listed = subprocess.run(["bash", "bench/run.sh", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, env=env)
+    assert listed.returncode == 0 and "drain-fast" in listed.stdout, listed.stderr
+    for argv in (["bench/drain.py"], ["bench/peers.py"], ["-m", "bench", "drain-slow"]):
+        shown = subprocess.run([sys.executable, *argv, "--help"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=60, env=env)
+        assert shown.returncode == 0 and "--stock-pg15" in shown.stdout, (argv, shown.stderr)
 
 
 def test_missing_node_is_named_with_its_install_command(tmp_path: Path) -> None:
@@ -33,7 +75,9 @@ def test_missing_node_is_named_with_its_install_command(tmp_path: Path) -> None:
 
 def test_unknown_scenario_and_bad_procs_are_one_line_errors() -> None:
     out = subprocess.run(["bash", "bench/run.sh", "no-such"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT),
+                              "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert out.returncode == 2 and "unknown scenario 'no-such'" in out.stderr
     out = harness("contention", "--procs", "0")
     assert out.returncode == 2 and "--procs must be at least 1" in out.stderr

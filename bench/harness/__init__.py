@@ -1,3 +1,4 @@
-"""The scenario harness behind bench/run.sh: each scenario starts what it needs (a durable
-PostgreSQL, the engine, fake destinations, locust), watches it with a live progress bar
-and leaves a report folder under bench/reports/<UTC time>-<scenario>/."""
+"""The scenarios and what they share: cli.py (the registry and the timed scenarios' runner),
+stack.py (the database server, fresh databases, the engine, load and CPU accounting),
+report.py (the report folders and JSON reports), live.py (the progress bar), one module per
+scenario, and sql/ (the statements the scenarios read the database with)."""

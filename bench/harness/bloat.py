@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -24,6 +25,9 @@ from bench.harness.report import Report, figure, figure_rows
 from engine import autovacuum_advice
 from engine.status import collect_status
 from engine.testing.fakedest import FakeDestination
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 TABLES = ("deliveries", "delivery_attempts", "finished_deliveries", "events")
 CLAIM_INDEX = "deliveries_claimable_idx"
@@ -268,13 +272,7 @@ def plots(report: Report, variants: list[Variant]) -> None:
         axes[1].plot(t, [min((s.get("claim") or {}).get("p99_le_ms") or 0, 1.2 *
                              TOP_CLAIM_BUCKET_MS) for s in v.samples],
                      label=v.name, drawstyle="steps-post")
-    axes[0].set_ylabel("dead tuples")
-    axes[1].set_ylabel("claim p99 (ms, bucket bound;\n3,000 = over 2,500)")
-    axes[1].set_xlabel("seconds into the soak")
-    for ax in axes:
-        ax.set_ylim(bottom=0)
-        ax.set_xlim(left=0)
-        ax.legend(title="autovacuum")
+    _soak_axes(axes, "dead tuples", "claim p99 (ms, bucket bound;\n3,000 = over 2,500)")
     report.plot(fig, "bloat_dead_tuples.png", "Dead tuples in deliveries and claim p99")
 
     fig, axes = figure_rows("Sizes during the soak", 2)
@@ -285,13 +283,7 @@ def plots(report: Report, variants: list[Variant]) -> None:
                      label=v.name)
         axes[1].plot(t, [s["tables"][CLAIM_INDEX]["index_bytes"] / 2**20 for s in v.samples],
                      label=v.name)
-    axes[0].set_ylabel("deliveries heap + indexes (MiB)")
-    axes[1].set_ylabel(f"{CLAIM_INDEX} (MiB)")
-    axes[1].set_xlabel("seconds into the soak")
-    for ax in axes:
-        ax.set_ylim(bottom=0)
-        ax.set_xlim(left=0)
-        ax.legend(title="autovacuum")
+    _soak_axes(axes, "deliveries heap + indexes (MiB)", f"{CLAIM_INDEX} (MiB)")
     report.plot(fig, "bloat_sizes.png", "Table and claim index sizes")
 
     fig, ax = figure("Dead tuples per table (schema settings)", size=(9.5, 4.2))
@@ -305,6 +297,17 @@ def plots(report: Report, variants: list[Variant]) -> None:
     ax.set_xlabel("seconds into the soak")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the sawtooth, not on it
     report.plot(fig, "bloat_tables.png", "Dead tuples per table")
+
+
+def _soak_axes(axes: Sequence[Axes], top_label: str, bottom_label: str) -> None:
+    """Two stacked plots over the soak's seconds, one line per variant."""
+    axes[0].set_ylabel(top_label)
+    axes[1].set_ylabel(bottom_label)
+    axes[1].set_xlabel("seconds into the soak")
+    for ax in axes:
+        ax.set_ylim(bottom=0)
+        ax.set_xlim(left=0)
+        ax.legend(title="autovacuum")
 
 
 def _le(bound: float | None) -> str:

@@ -1,7 +1,11 @@
-"""bench/run.sh's scenarios: parse the options, check the tools, start the database, run
-each scenario under its time budget, print its summary and where its report is.
+"""`python -m bench SCENARIO [options]` (bench/run.sh is the same): the one registry of
+scenarios, and the runner of the timed ones.
 
-    python -m bench.harness SCENARIO [--quick] [--procs N] [--dsn DSN] [--reports DIR]
+A timed scenario takes the shared options (--quick, --procs, --dsn, --stock-pg15,
+--reports, --duration): the runner checks the tools it needs, starts the database, runs
+it under its time budget with a live progress bar, prints its summary and where its report
+folder is. A scenario with its own options (the drains, peers, ingress, the CI gate) is
+handed the rest of the command line; `python -m bench SCENARIO --help` shows them.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ import importlib
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.harness import stack
+from bench.harness.report import REPORTS
 
 # How to get what PyPI cannot give (checked before anything starts).
 NODE_HINT = "apt-get install -y nodejs   (or: https://nodejs.org, v18 or later)"
@@ -24,8 +29,11 @@ PIP_HINT = "pip install -e '.[bench]'"
 
 
 @dataclass(frozen=True)
-class Scenario:
-    module: str  # bench.harness.<module>, with run(admin_dsn, args, report, live)
+class Timed:
+    """Run here: bench.harness.<module>.run(admin_dsn, args, report, live)."""
+
+    summary: str
+    module: str
     quick_s: float  # time budget with --quick (the progress bar's total)
     full_s: float
     needs_node: bool = True
@@ -33,32 +41,92 @@ class Scenario:
     variant: str | None = None  # passed to run() as args.variant
 
 
+@dataclass(frozen=True)
+class Suite:
+    """Several timed scenarios in turn, on one database server."""
+
+    summary: str
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OwnOptions:
+    """bench.harness.<module>.main(argv) with `argv_prefix` before the user's arguments."""
+
+    summary: str
+    module: str
+    argv_prefix: tuple[str, ...] = ()
+
+
+Scenario = Timed | Suite | OwnOptions
+
 SCENARIOS: dict[str, Scenario] = {
-    "throughput": Scenario("throughput", 85, 180, needs_locust=True),
-    "slow-destination": Scenario("destinations", 85, 120, variant="slow"),
-    "dead-destination": Scenario("destinations", 85, 120, variant="dead"),
-    "contention": Scenario("contention", 85, 150, needs_node=False),
-    "bloat": Scenario("bloat", 85, 630),
+    "throughput": Timed("ingest and delivery together at fixed offered rates (locust)",
+                        "throughput", 85, 180, needs_locust=True),
+    "slow-destination": Timed("healthy throughput beside slow endpoints", "destinations",
+                              85, 120, variant="slow"),
+    "dead-destination": Timed("healthy throughput beside dead endpoints", "destinations",
+                              85, 120, variant="dead"),
+    "contention": Timed("claimers x claim size on one backlog, the claim path alone",
+                        "contention", 85, 150, needs_node=False),
+    "bloat": Timed("dead tuples, sizes, vacuum and claim latency in a soak, with advice",
+                   "bloat", 85, 630),
+    "all": Suite("the five timed scenarios in turn, under 20 minutes",
+                 ("contention", "bloat", "throughput", "slow-destination",
+                  "dead-destination")),
+    "drain-fast": OwnOptions("a backlog of 20,000 drained to a destination answering at once",
+                             "drain", ("drain-fast",)),
+    "drain-slow": OwnOptions("a backlog of 10,000 drained to a destination answering in 100 ms",
+                             "drain", ("drain-slow",)),
+    "many-destinations": OwnOptions("20,000 drained over 1,000 destinations, half capped",
+                                    "drain", ("many-destinations",)),
+    "capped-slow": OwnOptions("10,000 drained over 100 destinations capped at 5, 100 ms each",
+                              "drain", ("capped-slow",)),
+    "peers": OwnOptions("the drains in pairs against pgqueuer (python bench/peers.py)",
+                        "peers"),
+    "ingress": OwnOptions("accept latency and ceilings against pgbench (locust and wrk)",
+                          "ingress"),
+    "gate": OwnOptions("CI's gate: a small drain's CPU per delivery against bench/baseline.json",
+                       "gate"),
 }
-ALL = ("contention", "bloat", "throughput", "slow-destination", "dead-destination")
 # `all` must end within 20 minutes: its bloat soak is 8 minutes instead of 10.
 ALL_BLOAT_S = 480.0
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def usage() -> str:
+    width = max(map(len, SCENARIOS))
+    lines = [f"  {name:<{width}}  {scenario.summary}" for name, scenario in SCENARIOS.items()]
+    return ("usage: python -m bench SCENARIO [options]   (or bench/run.sh SCENARIO ...)\n\n"
+            "scenarios (bench/README.md says what each measures and how to read its report;"
+            "\n`python -m bench SCENARIO --help` lists its options):\n" + "\n".join(lines))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if args else sys.stderr)
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    scenario = SCENARIOS.get(name)
+    if scenario is None:
+        print(f"bench: unknown scenario '{name}'\n\n{usage()}", file=sys.stderr)
+        return 2
+    if isinstance(scenario, OwnOptions):
+        entry: Callable[[list[str]], int] = importlib.import_module(
+            f"bench.harness.{scenario.module}").main
+        return entry([*scenario.argv_prefix, *rest])
+    members = list(scenario.members) if isinstance(scenario, Suite) else [name]
+    return run_timed(name, members, rest)
+
+
+def parse_timed(name: str, argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="bench/run.sh", description="engine benchmark scenarios (bench/README.md)",
-    )
-    parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
+        prog=f"python -m bench {name}", description=SCENARIOS[name].summary)
     parser.add_argument("--quick", action="store_true",
                         help="a bounded smoke run of the same scenario (<= 90 s each)")
     parser.add_argument("--procs", type=int, default=2, help="engine delivery workers")
-    parser.add_argument("--dsn", help="PostgreSQL server to use (a database is created on"
-                        " it and dropped); default: a durable embedded PostgreSQL")
-    parser.add_argument("--stock-pg15", action="store_true",
-                        help="a throwaway Debian PostgreSQL 15 cluster with stock settings (JIT"
-                             " on) instead of the embedded PostgreSQL 18")
-    parser.add_argument("--reports", type=Path, default=stack.ROOT / "bench" / "reports",
+    stack.add_server_arguments(parser)
+    parser.add_argument("--reports", type=Path, default=REPORTS,
                         help="folder the report folders go in")
     parser.add_argument("--duration", type=float,
                         help="bloat: soak seconds (default 600, --quick 60)")
@@ -68,10 +136,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def missing_tools(names: list[str]) -> list[str]:
+def missing_tools(scenarios: Sequence[Timed]) -> list[str]:
     """One line per tool the chosen scenarios need and this machine lacks."""
     problems = []
-    scenarios = [SCENARIOS[n] for n in names]
     if any(s.needs_node for s in scenarios) and shutil.which("node") is None:
         problems.append(f"node (Node.js) is not on PATH; install it: {NODE_HINT}")
     modules = ["matplotlib", "rich", "psutil"]
@@ -85,15 +152,20 @@ def missing_tools(names: list[str]) -> list[str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
-    names = list(ALL) if args.scenario == "all" else [args.scenario]
-    if args.scenario == "all" and args.duration is None and not args.quick:
+def timed(name: str) -> Timed:
+    scenario = SCENARIOS[name]
+    assert isinstance(scenario, Timed), name
+    return scenario
+
+
+def run_timed(name: str, members: list[str], argv: Sequence[str]) -> int:
+    args = parse_timed(name, argv)
+    if name == "all" and args.duration is None and not args.quick:
         args.duration = ALL_BLOAT_S
-    problems = missing_tools(names)
+    problems = missing_tools([timed(n) for n in members])
     if problems:
         for line in problems:
-            print(f"bench/run.sh: {line}", file=sys.stderr)
+            print(f"bench: {line}", file=sys.stderr)
         return 2
     # Imported after the check, so a missing package is named, not a traceback.
     import psycopg
@@ -101,22 +173,22 @@ def main(argv: list[str] | None = None) -> int:
     from bench.harness.live import console
 
     done: list[tuple[str, Path, list[str]]] = []
-    name = names[0]
+    current = members[0]
     started = time.monotonic()
     try:
         with stack.server(args.dsn, stock_pg15_cluster=args.stock_pg15) as admin_dsn:
-            for name in names:
-                folder, headline = run_one(name, admin_dsn, args)
-                done.append((name, folder, headline))
+            for current in members:
+                folder, headline = run_one(current, admin_dsn, args)
+                done.append((current, folder, headline))
     except stack.BenchError as exc:
-        console.print(f"[red]bench/run.sh: {exc}[/]")
+        console.print(f"[red]bench: {exc}[/]")
         return 1
     except (OSError, psycopg.Error) as exc:
         # A part stopped answering (on a badly overloaded machine, or killed): one line.
-        console.print(f"[red]bench/run.sh: {name} failed: {type(exc).__name__}: {exc}[/]")
+        console.print(f"[red]bench: {current} failed: {type(exc).__name__}: {exc}[/]")
         return 1
     except KeyboardInterrupt:
-        console.print("[yellow]bench/run.sh: interrupted; everything it started is stopped[/]")
+        console.print("[yellow]bench: interrupted; everything it started is stopped[/]")
         return 130
     summary(done, time.monotonic() - started)
     return 0
@@ -126,12 +198,11 @@ def run_one(name: str, admin_dsn: str, args: argparse.Namespace) -> tuple[Path, 
     from bench.harness.live import live
     from bench.harness.report import Report
 
-    scenario = SCENARIOS[name]
+    scenario = timed(name)
     run: Callable[..., Any] = importlib.import_module(f"bench.harness.{scenario.module}").run
     args.variant = scenario.variant
     options = {"quick": args.quick, "procs": args.procs, "external_dsn": bool(args.dsn),
-               "stock_pg15": args.stock_pg15,
-               "duration": args.duration}
+               "stock_pg15": args.stock_pg15, "duration": args.duration}
     report = Report(name, options, args.reports)
     budget = scenario.quick_s if args.quick else scenario.full_s
     began = time.monotonic()

@@ -1,5 +1,8 @@
-"""A scenario's report folder: bench/reports/<UTC time>-<scenario>/ with report.json (every
-number and the settings), report.md (tables with the plots embedded) and PNG plots."""
+"""Where a scenario's numbers go. The timed scenarios (throughput, slow-destination,
+dead-destination, contention, bloat) leave a folder bench/reports/<UTC time>-<scenario>/
+with report.json (every number and the settings), report.md (tables with the plots
+embedded) and PNG plots; the drains, peers and ingress write one JSON file each
+(`save_json`)."""
 
 from __future__ import annotations
 
@@ -7,19 +10,35 @@ import datetime as dt
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on a bench machine
-
-import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from bench.harness import stack
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 REPORTS = stack.ROOT / "bench" / "reports"
+
+
+def save_json(folder: Path, name: str, data: dict[str, Any]) -> Path:
+    """Write `data` as `<name>-<UTC stamp>.json` in `folder` (made if missing)."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{stamp}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot drawing to files only (no display on a bench machine), imported
+    only by the scenarios that plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 class Report:
@@ -50,7 +69,7 @@ class Report:
         figure.tight_layout()
         self.folder.mkdir(parents=True, exist_ok=True)
         figure.savefig(self.folder / name, dpi=110)
-        plt.close(figure)
+        _pyplot().close(figure)
         self.markdown += [f"![{caption}]({name})", ""]
         self.data.setdefault("plots", []).append(name)
 
@@ -88,7 +107,7 @@ def _cell(value: object) -> str:
 
 
 def figure(title: str, size: tuple[float, float] = (8, 4.2)) -> tuple[Figure, Axes]:
-    fig, ax = plt.subplots(figsize=size)
+    fig, ax = _pyplot().subplots(figsize=size)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     return fig, ax
@@ -96,7 +115,7 @@ def figure(title: str, size: tuple[float, float] = (8, 4.2)) -> tuple[Figure, Ax
 
 def figure_rows(title: str, rows: int, size: tuple[float, float] = (8, 6.5)
                 ) -> tuple[Figure, Sequence[Axes]]:
-    fig, axes = plt.subplots(rows, 1, figsize=size, sharex=True)
+    fig, axes = _pyplot().subplots(rows, 1, figsize=size, sharex=True)
     fig.suptitle(title)
     for ax in axes:
         ax.grid(True, alpha=0.3)

@@ -1,14 +1,20 @@
-"""The parts a scenario starts and stops: the PostgreSQL server and a fresh database on it,
-the engine (`python -m engine.cli`), and process-tree CPU accounting."""
+"""The parts a scenario starts and stops: the PostgreSQL server (given, a stock PostgreSQL 15
+cluster, or an embedded durable PostgreSQL 18) and fresh databases on it, what the server is
+and how it is set up, the engine (`python -m engine.cli`), destinations and load, and
+process-tree CPU accounting."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -19,46 +25,166 @@ from typing import Any
 
 import psutil
 import psycopg
-import psycopg.sql
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from bench import benchdb
-from engine import queue
+from engine.database import engine_conninfo
+from engine.domain import EventIn
+from engine.migrate import migrate
 from engine.queries import NOTIFY_CHANNEL
+from engine.queue import enqueue_events_async
+from engine.testing.pgserver import throwaway_server
 
 ROOT = Path(__file__).resolve().parents[2]
-SECRET = benchdb.SECRET
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ENGINE_START_TIMEOUT_S = 60.0
 ENGINE_STOP_TIMEOUT_S = 40.0
-# The settings a reader needs to judge a number: durability, memory, JIT and autovacuum.
+# Events per enqueue statement when a scenario loads a backlog.
+ENQUEUE_BATCH = 5000
+PG15_BIN = Path("/usr/lib/postgresql/15/bin")
+# The settings a reader needs to judge a number: build, durability, memory, JIT and
+# autovacuum.
 PG_SETTINGS = (
     "server_version", "fsync", "synchronous_commit", "full_page_writes", "shared_buffers",
-    "work_mem", "jit", "max_connections", "autovacuum", "autovacuum_max_workers",
-    "autovacuum_naptime", "autovacuum_vacuum_threshold", "autovacuum_vacuum_scale_factor",
-    "autovacuum_vacuum_insert_threshold", "autovacuum_vacuum_insert_scale_factor",
-    "autovacuum_vacuum_cost_delay", "autovacuum_vacuum_cost_limit",
+    "work_mem", "wal_level", "jit", "jit_above_cost", "max_connections", "autovacuum",
+    "autovacuum_max_workers", "autovacuum_naptime", "autovacuum_vacuum_threshold",
+    "autovacuum_vacuum_scale_factor", "autovacuum_vacuum_insert_threshold",
+    "autovacuum_vacuum_insert_scale_factor", "autovacuum_vacuum_cost_delay",
+    "autovacuum_vacuum_cost_limit",
 )
+# What ingress sends after each commit, so the workers claim at once.
+NOTIFY = sql.SQL("NOTIFY {}").format(sql.Identifier(NOTIFY_CHANNEL))
 
 
 class BenchError(Exception):
     """A scenario cannot run or went wrong in a way the operator can act on: one line."""
 
 
-server = benchdb.server
-fresh_database = benchdb.fresh_database
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """--dsn and --stock-pg15, which every scenario takes."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--dsn", help="PostgreSQL server to use (a database is created on it"
+                       " and dropped); default: a durable embedded PostgreSQL 18")
+    where.add_argument(
+        "--stock-pg15", action="store_true",
+        help="a throwaway cluster of the machine's PostgreSQL 15 with its packaged defaults"
+             " (JIT on), as a new user's server")
 
 
-def pg_settings(dsn: str) -> dict[str, str]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name = ANY(%s)",
-            (list(PG_SETTINGS),),
-        ).fetchall()
+@contextmanager
+def stock_pg15() -> Iterator[str]:
+    """An admin DSN of a throwaway cluster of Debian's postgresql-15 with initdb's defaults
+    (JIT on, fsync and synchronous_commit on, shared_buffers 128MB), as tools/with-pg15.sh
+    starts one: loopback only, run as `postgres` when we are root (PostgreSQL refuses root),
+    stopped and deleted afterwards."""
+    if not (PG15_BIN / "initdb").exists():
+        raise SystemExit(f"--stock-pg15: no PostgreSQL 15 in {PG15_BIN}"
+                         " (apt-get install -y postgresql-15)")
+    folder = Path(tempfile.mkdtemp(prefix="engine-bench-pg15-"))
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
+    if as_postgres:
+        shutil.chown(folder, "postgres")
+    data = folder / "db"
+    subprocess.run([*as_postgres, str(PG15_BIN / "initdb"), "-D", str(data), "-U", "postgres",
+                    "--auth=trust", "-E", "UTF8"], check=True, stdout=subprocess.DEVNULL)
+    port = free_port()
+    options = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories=''"
+               " -c max_connections=200")
+    subprocess.run([*as_postgres, str(PG15_BIN / "pg_ctl"), "-D", str(data), "-w", "-l",
+                    str(folder / "server.log"), "-o", options, "start"],
+                   check=True, stdout=subprocess.DEVNULL)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_postgres, str(PG15_BIN / "pg_ctl"), "-D", str(data), "-m", "fast",
+                        "-w", "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def server(dsn: str | None, *, stock_pg15_cluster: bool = False) -> Iterator[str]:
+    """An admin DSN: the one given, a stock PostgreSQL 15 cluster (`stock_pg15_cluster`),
+    or an embedded server with fsync and synchronous_commit on; the last two are stopped
+    afterwards."""
+    if dsn:
+        yield dsn
+    elif stock_pg15_cluster:
+        with stock_pg15() as admin_dsn:
+            yield admin_dsn
+    else:
+        with throwaway_server(durable=True, prefix="engine-bench-pg-") as admin_dsn:
+            yield admin_dsn
+
+
+@contextmanager
+def fresh_database(admin_dsn: str, name: str, *, migrated: bool = True) -> Iterator[str]:
+    """A newly created database (migrated unless told otherwise), dropped afterwards."""
+    ident = sql.Identifier(name)
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(ident))
+    params = conninfo_to_dict(admin_dsn)
+    params["dbname"] = name
+    url = make_conninfo(**params)
+    if migrated:
+        migrate(url)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+
+
+@contextmanager
+def fresh_databases(admin_dsn: str, names: Sequence[str]) -> Iterator[list[str]]:
+    """Several fresh migrated databases, created side by side (migrations overlap)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ExitStack() as stack_, ThreadPoolExecutor(len(names)) as pool:
+        managers = [fresh_database(admin_dsn, name) for name in names]
+        dsns = list(pool.map(stack_.enter_context, managers))
+        yield dsns
+
+
+def _settings(conn: psycopg.Connection) -> dict[str, str]:
+    # current_setting() shows a value with its unit as one reads it ("128MB"); pg_settings
+    # gives it in the unit's multiples ("16384" of "8kB").
+    rows = conn.execute(
+        "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
+        (list(PG_SETTINGS),),
+    ).fetchall()
     return dict(rows)
 
 
-def postmaster_pid(dsn: str) -> int:
+def pg_settings(dsn: str) -> dict[str, str]:
+    """The server's settings a report names (PG_SETTINGS)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return benchdb.postmaster_pid(conn)
+        return _settings(conn)
+
+
+def server_report(conn: psycopg.Connection) -> dict[str, Any]:
+    """What a drain report says about the server: its settings (PG_SETTINGS), build and
+    version, and JIT as the server has it and as the engine's sessions get it
+    (engine.database.engine_conninfo turns it off)."""
+    report: dict[str, Any] = _settings(conn)
+    row = conn.execute("SELECT version(), pg_jit_available()").fetchone()
+    assert row is not None
+    report["server_build"], report["jit_compiles"] = row
+    with psycopg.connect(engine_conninfo(conn.info.dsn), password=conn.info.password or None,
+                         autocommit=True) as engine_session:
+        row = engine_session.execute(
+            "SELECT current_setting('jit'), pg_jit_available()").fetchone()
+    assert row is not None
+    report["engine_session_jit"], report["engine_session_jit_compiles"] = row
+    return report
+
+
+def postmaster_pid(conn: psycopg.Connection) -> int:
+    """The server's main process (the parent of this connection's backend), whose process
+    tree is the PostgreSQL CPU a bench reports."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return psutil.Process(int(row[0])).ppid()
 
 
 def free_port() -> int:
@@ -67,13 +193,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def add_destination(conn: psycopg.Connection, url: str, timeout_ms: int = 10_000) -> int:
+def add_destination(conn: psycopg.Connection, url: str, timeout_ms: int = 10_000, *,
+                    max_in_flight: int | None = None, rate_limit: float | None = None) -> int:
     row = conn.execute(
-        "INSERT INTO destinations (url, secret, timeout_ms) VALUES (%s, %s, %s) RETURNING id",
-        (url, SECRET, timeout_ms),
+        "INSERT INTO destinations (url, secret, timeout_ms, max_in_flight, rate_limit)"
+        " VALUES (%s, %s, %s, %s, %s) RETURNING id",
+        (url, SECRET, timeout_ms, max_in_flight, rate_limit),
     ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+async def enqueue(conn: psycopg.AsyncConnection, events: Sequence[EventIn]) -> None:
+    """`events` with the engine's own enqueue statement, ENQUEUE_BATCH to a statement, in
+    the caller's transaction (or each statement its own in autocommit)."""
+    for start in range(0, len(events), ENQUEUE_BATCH):
+        await enqueue_events_async(conn, events[start:start + ENQUEUE_BATCH])
 
 
 class Engine:
@@ -305,15 +440,14 @@ def run_sql(conn: psycopg.Connection, statement: str, params: Sequence[object] =
 def server_setting(admin_dsn: str, name: str, value: str) -> Iterator[None]:
     """ALTER SYSTEM SET name = value and reload, reset afterwards (a server we started)."""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(psycopg.sql.SQL("ALTER SYSTEM SET {} = {}").format(
-            psycopg.sql.Identifier(name), psycopg.sql.Literal(value)))
+        conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(
+            sql.Identifier(name), sql.Literal(value)))
         conn.execute("SELECT pg_reload_conf()")
     try:
         yield
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(psycopg.sql.SQL("ALTER SYSTEM RESET {}").format(
-                psycopg.sql.Identifier(name)))
+            conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(name)))
             conn.execute("SELECT pg_reload_conf()")
 
 
@@ -340,30 +474,21 @@ class Loader:
         self._thread.join(10)
 
     def _run(self) -> None:
+        asyncio.run(self._load())
+
+    async def _load(self) -> None:
         started = time.monotonic()
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
             while not self._stop.is_set():
                 due = int(self.rate * (time.monotonic() - started + self.PERIOD_S))
-                events = [queue.EventIn("order.created", self.payload, self.route(i))
+                events = [EventIn("order.created", self.payload, self.route(i))
                           for i in range(self.enqueued, due)]
                 if events:
-                    with conn.transaction():
-                        queue.enqueue_events(conn, events)
-                    conn.execute(psycopg.sql.SQL("NOTIFY {}").format(
-                        psycopg.sql.Identifier(NOTIFY_CHANNEL)))
+                    async with conn.transaction():
+                        await enqueue(conn, events)
+                    await conn.execute(NOTIFY)
                     self.enqueued = due
-                self._stop.wait(self.PERIOD_S)
-
-
-@contextmanager
-def fresh_databases(admin_dsn: str, names: Sequence[str]) -> Iterator[list[str]]:
-    """Several fresh migrated databases, created side by side (migrations overlap)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ExitStack() as stack_, ThreadPoolExecutor(len(names)) as pool:
-        managers = [fresh_database(admin_dsn, name) for name in names]
-        dsns = list(pool.map(stack_.enter_context, managers))
-        yield dsns
+                await asyncio.sleep(self.PERIOD_S)
 
 
 def destination_totals(dest: Any) -> dict[str, Any] | None:

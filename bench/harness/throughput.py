@@ -23,15 +23,15 @@ from bench.harness.report import Report, figure, figure_rows
 from engine.testing.fakedest import FakeDestination
 
 QUICK_STEPS = (250, 500, 1000)
-# The lowest step is where this 2-core VM meets the 10 ms accept bound (2026-12-02: accept
-# p99 9 ms at 250/s, 13 ms at 500/s), so the full run can name a sustainable rate here.
+# The lowest step is where the 2-core development VM met the 10 ms accept bound
+# (bench/results/2026-12-02-run-all.md), so the full run can name a sustainable rate there.
 FULL_STEPS = (250, 500, 1000, 2000, 4000)
 QUICK_STEP_S = 14
 FULL_STEP_S = 30
 ACCEPT_P99_LIMIT_MS = 10.0
 # Flat: the backlog grew by less than this share of what the step posted.
 FLAT_SHARE = 0.05
-LOCUSTFILE = stack.ROOT / "bench" / "locustfile.py"
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 SQL = Path(__file__).with_name("sql")
 BACKLOG = (SQL / "backlog.sql").read_text()
 EVENT_TIMES = (SQL / "event_times.sql").read_text()
@@ -91,7 +91,7 @@ def run(admin_dsn: str, args: Any, report: Report, live: Live) -> None:
         live.phase("starting the engine")
         with stack.Engine(dsn, args.procs) as engine:
             report.data["engine_command"] = engine.command
-            cpu = stack.CpuMeter({"engine": [engine.pid], "postgres": [stack.postmaster_pid(dsn)],
+            cpu = stack.CpuMeter({"engine": [engine.pid], "postgres": [stack.postmaster_pid(conn)],
                                   "destination": [dest.pid]})
             began = time.monotonic()
             for rate in steps:

@@ -1,4 +1,4 @@
-"""What the test suite and bench/ both use, importable wherever engine is installed (the
-bench scripts run as plain scripts, so they cannot reach tests/): the fake destination
-(fakedest, a handle on bench/fakedest.mjs) and the ingress server run as a process
-(ingress_server). Test-only helpers live in tests/kit/."""
+"""What the test suite and bench/ both use, importable wherever engine is installed (bench/
+cannot import tests/): the fake destination (fakedest.py, a handle on fakedest.mjs beside
+it), the ingress server run as a process (ingress_server.py) and a throwaway embedded
+PostgreSQL (pgserver.py). Test-only helpers live in tests/kit/."""

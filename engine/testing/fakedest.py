@@ -1,4 +1,5 @@
-"""Python handle on bench/fakedest.mjs, the fake webhook destination. Usage:
+"""Python handle on fakedest.mjs (beside this file, installed with the package), the fake
+webhook destination. Usage:
 
 with FakeDestination() as dest:
     url = dest.url("fast/shop")      # give this to the engine as a destination
@@ -20,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-FAKEDEST_JS = Path(__file__).resolve().parents[2] / "bench" / "fakedest.mjs"
+FAKEDEST_JS = Path(__file__).with_name("fakedest.mjs")
 READY_TIMEOUT_S = 10.0
 STOP_GRACE_S = 3.0
 

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from engine.embedded import ensure_server
 from engine.migrate import migrate
+from engine.testing.pgserver import throwaway_server
 
 TABLES = ("delivery_attempts", "finished_deliveries", "deliveries", "events", "destinations",
           "delivery_minutes")
@@ -33,13 +30,8 @@ def test_server() -> Iterator[str]:
     if given:
         yield given
         return
-    folder = Path(tempfile.mkdtemp(prefix="engine-test-pg-"))
-    server = ensure_server(folder / "data", durable=False)
-    try:
-        yield server.dsn
-    finally:
-        server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
+    with throwaway_server(durable=False, prefix="engine-test-pg-") as dsn:
+        yield dsn
 
 
 def with_database(dsn: str, dbname: str) -> str:

@@ -2,13 +2,15 @@
 the batch endpoint's events/s, each compared with pgbench single-row 1 KB INSERTs with the
 same durability on the same PostgreSQL server.
 
-  python bench/ingress.py [--dsn URL] [--duration 20] [--procs 2] [--ingress-procs N]
+  python -m bench ingress [--dsn URL | --stock-pg15] [--duration 20] [--procs 2]
+                          [--ingress-procs N]
 
 Without --dsn it starts a durable (fsync on) embedded PostgreSQL in a temporary folder.
 The engine runs as `engine --procs N` (workers deliver while ingress is measured).
-Destinations are fake servers (bench/fakedest.mjs); each event fans out to 2 of them.
-Load comes from locust (bench/locustfile.py) in its own process. Writes
-bench/reports/ingress-<time>.json and prints it. Load on this shared machine is noted
+Destinations are fake servers (engine/testing/fakedest.mjs); each event fans out to 2 of
+them. Load comes from locust (locustfile.py beside this file) in its own process, and
+from wrk (ingress_wrk.lua) when it is installed. Writes bench/reports/ingress-<time>.json
+and prints it. Load on this shared machine is noted
 (`uptime`) with every number.
 """
 
@@ -18,17 +20,13 @@ import argparse
 import csv
 import json
 import os
-import platform
 import re
 import resource
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -37,14 +35,13 @@ from typing import Any
 import psutil
 import psycopg
 
+from bench.harness import stack
+from bench.harness.report import REPORTS, save_json
 from engine.testing.fakedest import FakeDestination
 
-# Run from a checkout without installing the package.
-from benchdb import fresh_database, postmaster_pid, server, settings, write_report
-
-ROOT = Path(__file__).resolve().parents[1]
-LOCUSTFILE = ROOT / "bench" / "locustfile.py"
-WRK_SCRIPT = ROOT / "bench" / "ingress_wrk.lua"
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+WRK_SCRIPT = Path(__file__).with_name("ingress_wrk.lua")
+NOOP_SERVER = Path(__file__).with_name("noop_server.mjs")
 PGBENCH_CLIENTS = 8
 PGBENCH_SCRIPT = (
     "INSERT INTO pgbench_single_row (payload) VALUES (repeat('x', 1024));\n"
@@ -67,12 +64,6 @@ def load() -> str:
 
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def pgbench_bin() -> str:
@@ -113,41 +104,6 @@ def run_pgbench(dsn: str, seconds: int) -> dict[str, Any]:
         "latency_avg_ms": float(latency.group(1)) if latency else None,
         "script": PGBENCH_SCRIPT.strip(), "load_before": before, "load_after": load(),
     }
-
-
-@contextmanager
-def engine(
-    dsn: str, port: int, procs: int, ingress_procs: int | None
-) -> Iterator[dict[str, Any]]:
-    """`engine --procs N`: workers deliver while ingress is measured. Without
-    `ingress_procs`, the engine's default."""
-    env = {k: v for k, v in os.environ.items() if k != "ENGINE_API_TOKEN"}
-    argv = [sys.executable, "-m", "engine.cli", "--dsn", dsn, "--procs", str(procs),
-            "--bind", f"127.0.0.1:{port}", "--allow-private-targets"]
-    if ingress_procs is not None:
-        argv += ["--ingress-procs", str(ingress_procs)]
-    how = {"command": " ".join(argv[1:2] + argv[4:]), "procs": procs,
-           "ingress_procs": ingress_procs}
-    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the engine did not start") from None
-                time.sleep(0.2)
-        yield {**how, "pid": proc.pid}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def post_json(url: str, body: Any) -> Any:
@@ -238,22 +194,11 @@ def run_wrk(base_url: str, *, mode: str, connections: int, seconds: int,
     }
 
 
-def request_histogram(base_url: str, route: str = "create_event") -> list[tuple[float, float]]:
-    """The ingress's own latency histogram of `route` (cumulative counts per upper bound,
-    summed over the ingress processes), read from /metrics."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as response:
-        text = response.read().decode()
-    buckets: dict[float, float] = {}
-    pattern = re.compile(
-        r'^engine_ingress_request_seconds_bucket\{(?=[^}]*route="' + route
-        + r'")[^}]*le="([^"]+)"[^}]*\} (\S+)$', re.MULTILINE
-    )
-    for le, count in pattern.findall(text):
-        bound = float("inf") if le == "+Inf" else float(le)
-        buckets[bound] = buckets.get(bound, 0.0) + float(count)
-    return sorted(buckets.items())
+def request_histogram(engine: stack.Engine, route: str = "create_event"
+                      ) -> list[tuple[float, float]]:
+    """The ingress's own latency histogram of `route` (summed over the ingress processes)."""
+    return stack.histogram(engine.metrics_text(), "engine_ingress_request_seconds",
+                           f'route="{route}"')
 
 
 def server_latency(before: list[tuple[float, float]], after: list[tuple[float, float]]
@@ -261,18 +206,11 @@ def server_latency(before: list[tuple[float, float]], after: list[tuple[float, f
     """What the server itself measured during a phase (from ASGI call to the answer
     handed to the transport): the bucket bounds p50 and p99 fall under, and the share of
     requests answered within 10 ms. It leaves out the load generator's own delays."""
-    counts = dict(before)
-    delta = [(bound, count - counts.get(bound, 0.0)) for bound, count in after]
-    total = delta[-1][1] if delta else 0.0
-
-    def upper_ms(q: float) -> float | None:
-        for bound, count in delta:
-            if total and count >= q * total:
-                return bound * 1000
-        return None
-
-    within = next((count for bound, count in delta if bound == 0.01), 0.0)
-    return {"requests": int(total), "p50_le_ms": upper_ms(0.5), "p99_le_ms": upper_ms(0.99),
+    found = stack.histogram_quantiles_ms(before, after)
+    total = found["count"] or 0.0
+    within = dict(after).get(0.01, 0.0) - dict(before).get(0.01, 0.0)
+    return {"requests": int(total), "p50_le_ms": found["p50_le_ms"],
+            "p99_le_ms": found["p99_le_ms"],
             "share_within_10ms": round(within / total, 4) if total else None}
 
 
@@ -317,11 +255,9 @@ def ingress_pids(engine_pid: int, port: int) -> list[int]:
 
 @contextmanager
 def noop_server() -> Iterator[str]:
-    """bench/noop_server.mjs: a server that does no work, for the load generator alone."""
-    process = subprocess.Popen(
-        ["node", str(Path(__file__).with_name("noop_server.mjs"))], stdout=subprocess.PIPE,
-        text=True,
-    )
+    """noop_server.mjs (beside this file): a server that does no work, for the load
+    generator alone."""
+    process = subprocess.Popen(["node", str(NOOP_SERVER)], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         port = json.loads(process.stdout.readline())["port"]
@@ -380,26 +316,25 @@ def measured(
     return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", help="admin DSN of a server to bench on (default: embedded)")
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench ingress",
+                                     description=__doc__.split("\n\n")[0])
+    stack.add_server_arguments(parser)
     parser.add_argument("--duration", type=int, default=20, help="seconds per phase")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--ingress-procs", type=int, help="default: the engine's")
     parser.add_argument("--ceiling-users", type=int, default=64)
     parser.add_argument("--batch-users", type=int, default=4)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     report: dict[str, Any] = {
-        "bench": "ingress",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
-        "uptime_at_start": uptime(),
+        "bench": "ingress", "machine": stack.machine(), "uptime_at_start": uptime(),
     }
-    with server(args.dsn) as admin, fresh_database(admin, "bench_ingress") as dsn, \
-            FakeDestination() as fake:
+    with (stack.server(args.dsn, stock_pg15_cluster=args.stock_pg15) as admin,
+          stack.fresh_database(admin, "bench_ingress") as dsn,
+          FakeDestination() as fake):
+        report["postgres"] = stack.pg_settings(dsn)
         with psycopg.connect(dsn) as conn:
-            report["postgres"] = settings(conn)
-            postgres = {"postgres": postmaster_pid(conn)}
+            postgres = {"postgres": stack.postmaster_pid(conn)}
         report["pgbench"] = measured(postgres, lambda: run_pgbench(dsn, args.duration), "tps")
         print("pgbench:", report["pgbench"], flush=True)
         # The latency phase's and the single-event ceiling's load, answered by a server
@@ -415,15 +350,13 @@ def main() -> int:
             report["load_generator_alone"] = alone
         print("locust against a no-op server:", report["load_generator_alone_latency"], alone,
               flush=True)
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        with engine(dsn, port, args.procs, args.ingress_procs) as how:
-            report["engine"] = how
-            engine_pid = how.pop("pid")
-            servers = {"engine": engine_pid, **postgres}
-            ingress = ingress_pids(engine_pid, port)
-            report["engine"]["ingress_pids"] = ingress
-            report["engine"]["ingress_procs"] = len(ingress)
+        extra = [] if args.ingress_procs is None else ["--ingress-procs", str(args.ingress_procs)]
+        with stack.Engine(dsn, args.procs, extra) as engine:
+            base = engine.base_url
+            servers = {"engine": engine.pid, **postgres}
+            ingress = ingress_pids(engine.pid, engine.port)
+            report["engine"] = {"command": engine.command, "procs": args.procs,
+                                "ingress_pids": ingress, "ingress_procs": len(ingress)}
             for name in ("a", "b"):
                 post_json(f"{base}/v1/destinations", {"url": fake.url(f"fast/{name}")})
             phases = report["phases"] = {}
@@ -432,12 +365,12 @@ def main() -> int:
             if run_wrk(base, seconds=WARM_UP_S, **PACED_WRK) is None:
                 run_locust(base, seconds=WARM_UP_S, **PACED_LOCUST)
             wait_drained(dsn)
-            histogram = request_histogram(base)
+            histogram = request_histogram(engine)
             phases["latency_at_1000_per_s"] = measured(servers, lambda: run_locust(
                 base, seconds=args.duration, **PACED_LOCUST,
             ), "events_per_s", dsn, ingress)
             phases["latency_at_1000_per_s"]["server_side"] = server_latency(
-                histogram, histogram := request_histogram(base)
+                histogram, histogram := request_histogram(engine)
             )
             print("latency:", phases["latency_at_1000_per_s"], flush=True)
             phases["latency_wrk"] = measured(servers, lambda: run_wrk(
@@ -445,7 +378,7 @@ def main() -> int:
             ), "events_per_s", dsn, ingress)
             if phases["latency_wrk"] is not None:
                 phases["latency_wrk"]["server_side"] = server_latency(
-                    histogram, request_histogram(base)
+                    histogram, request_histogram(engine)
                 )
             print("latency (wrk):", phases["latency_wrk"], flush=True)
             # (phase, label, load generator, its arguments)
@@ -527,10 +460,8 @@ def main() -> int:
         f" batch {results['batch_events_per_s']:.0f}/s ({results['batch_vs_pgbench']:.2f}x);"
         f" load {report['uptime_at_end'].split('load average: ')[-1]}"
     )
-    path = write_report("ingress", report, markdown)
-    print(f"report: {path}")
+    print(json.dumps(report, indent=2))
+    print(markdown)
+    print(f"report: {save_json(REPORTS, 'ingress', report)}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
--- Load check for bench/fakedest.mjs: keep-alive POSTs with a distinct webhook-id each.
---   wrk -t1 -c64 -d5s -s bench/fakedest_wrk.lua http://127.0.0.1:PORT/fast/load
+-- Load check for fakedest.mjs (beside this file): keep-alive POSTs with a distinct webhook-id each.
+--   wrk -t1 -c64 -d5s -s engine/testing/fakedest_wrk.lua http://127.0.0.1:PORT/fast/load
 local n = 0
 wrk.method = "POST"
 wrk.body = '{"type":"load.test","data":{"n":1,"text":"' .. string.rep("x", 200) .. '"}}'

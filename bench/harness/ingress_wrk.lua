@@ -1,7 +1,7 @@
 -- wrk load for the ingress API, a cross-check of the locust figures with a load generator
--- that costs almost no CPU (driven by bench/ingress.py).
+-- that costs almost no CPU (driven by the ingress scenario, ingress.py).
 --   BENCH_MODE=single|batch BENCH_BATCH=1000 BENCH_PAYLOAD=1024 \
---   wrk -t2 -c64 -d10s --latency -s bench/ingress_wrk.lua http://127.0.0.1:8080
+--   wrk -t2 -c64 -d10s --latency -s bench/harness/ingress_wrk.lua http://127.0.0.1:8080
 local mode = os.getenv("BENCH_MODE") or "single"
 local batch = tonumber(os.getenv("BENCH_BATCH") or "1000")
 local payload_bytes = tonumber(os.getenv("BENCH_PAYLOAD") or "1024")

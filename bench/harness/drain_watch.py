@@ -1,43 +1,40 @@
-"""Watching a drain from the fake destination's side and reporting it (bench/drain.py and
-bench/peers.py): when the first delivery arrived and the last, the rate between them,
+"""Watching a drain from the fake destination's side and reporting it (the drain scenarios
+and peers): when the first delivery arrived and the last, the rate between them,
 duplicates, concurrency, the arrivals' shape, and the CPU each part (engine, PostgreSQL,
 destination, a peer) spent per delivery from the first delivery on."""
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
-import json
 import statistics
 import subprocess
 import time
-from pathlib import Path
 from typing import Any, NamedTuple
 
-import psutil
-
+from bench.harness.stack import tree_cpu
 from engine.testing.fakedest import FakeDestination
-
-from mixes import drain_stats
 
 TIMEOUT_S = 300.0
 
 
-def tree_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds (user + system) of a process and all its descendants, by pid."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
+def drain_names(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The fake destination's counters of every drained name ("drain", "drain/<k>")."""
+    return {name: counters for name, counters in stats["names"].items()
+            if name == "drain" or name.startswith("drain/")}
+
+
+def drain_stats(dest: FakeDestination) -> dict[str, Any]:
+    """The counters of every drained destination, summed; per name under "names"."""
+    names = drain_names(dest.stats())
+    if not names:
         return {}
-    seconds = {}
-    for proc in procs:
-        try:
-            times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        seconds[proc.pid] = times.user + times.system
-    return seconds
+    summed: dict[str, Any] = {key: sum(int(n.get(key, 0)) for n in names.values())
+                              for key in ("requests", "delivered_ids", "duplicates")}
+    summed["first_request_ms"] = min(int(n["first_request_ms"]) for n in names.values())
+    summed["last_request_ms"] = max(int(n["last_request_ms"]) for n in names.values())
+    summed["max_concurrent"] = max(int(n.get("max_concurrent", 0)) for n in names.values())
+    summed["names"] = names
+    return summed
 
 
 def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
@@ -87,10 +84,7 @@ def watch_drain(
 
 
 def parts_cpu(parts: dict[str, list[int]]) -> dict[str, dict[int, float]]:
-    return {
-        part: {child: s for pid in pids for child, s in tree_cpu(pid).items()}
-        for part, pids in parts.items()
-    }
+    return {part: tree_cpu(pids) for part, pids in parts.items()}
 
 
 def drain_report(watched: Watched) -> dict[str, object]:
@@ -124,14 +118,6 @@ def arrival_timeline(arrivals_ms: list[int]) -> dict[str, object]:
         buckets[(at - arrivals_ms[0]) // 50] += 1
     gaps = [b - a for a, b in itertools.pairwise(arrivals_ms)]
     return {"arrivals_per_50ms": buckets, "longest_arrival_gap_ms": max(gaps, default=0)}
-
-
-def save_report(folder: Path, name: str, report: dict[str, Any]) -> str:
-    """Write the report as `<name>-<UTC stamp>.json` in `folder`; returns its JSON."""
-    text = json.dumps(report, indent=2)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    (folder / f"{name}-{stamp}.json").write_text(text + "\n")
-    return text
 
 
 def summary(reports: list[dict[str, Any]]) -> dict[str, Any]:

@@ -5,7 +5,7 @@
 // and duplicate webhook-ids, Standard Webhooks signature checks, concurrency).
 // Only node: built-ins, so the bench needs no npm install.
 //
-//   node bench/fakedest.mjs --port 0 --host 127.0.0.1 [--secret whsec_...]...
+//   node engine/testing/fakedest.mjs --port 0 --host 127.0.0.1 [--secret whsec_...]...
 //        [--seed N] [--keep 50] [--record-order] [--stats-file F]
 //
 // Prints {"port": N} on stdout once listening. Behaviours (<name> may contain "/"):
@@ -22,7 +22,8 @@
 // GET /_arrivals/<name>, GET /_order/<name> (with --record-order).
 //
 // One process, one core: about 30-40k small POSTs/s on the 2-core dev machine (a bare
-// Node server does ~45k), ~20k/s when it checks signatures. There is no cluster mode:
+// Node server does ~45k), ~20k/s when it checks signatures (fakedest_wrk.lua beside this
+// file measures it). There is no cluster mode:
 // duplicate detection needs every webhook-id of a name in one place. Memory grows by
 // one Map entry (~100 B) per distinct webhook-id, so millions per run are fine.
 

@@ -1,8 +1,9 @@
 // An HTTP server that does nothing: answers every request 202 with a small JSON body
-// once the request is read. bench/ingress.py points locust at it to measure the load
-// generator's own ceiling on this machine, the most any server could show under it.
+// once the request is read. The ingress scenario (ingress.py) points locust at it to
+// measure the load generator's own ceiling on this machine, the most any server could
+// show under it.
 //
-//   node bench/noop_server.mjs   (prints {"port": N} once listening on 127.0.0.1)
+//   node bench/harness/noop_server.mjs   (prints {"port": N} once listening on 127.0.0.1)
 
 import { createServer } from "node:http";
 

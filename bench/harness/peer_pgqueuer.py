@@ -1,12 +1,14 @@
-"""One pgqueuer worker process for bench/peers.py: the peer doing the engine's drain work.
+"""One pgqueuer worker process for the peers scenario: the peer doing the engine's drain
+work (run as a script by peers.py; it imports nothing of the bench).
 
-    python bench/peer_pgqueuer.py --dsn DSN --url URL [--in-flight 100] [--batch-size 10]
+    python bench/harness/peer_pgqueuer.py --dsn DSN --url URL [--in-flight 100]
+                                          [--batch-size 10]
 
 What the issue's peer measurement describes: pgqueuer with asyncpg, uvloop and aiohttp,
 `--in-flight` jobs at once in this process; each job POSTs its payload (~1 KB of JSON) to
 the fake destination and completes on a 2xx (an exception otherwise, which pgqueuer
 records as a failure). `webhook-id` is the job id, so the destination counts duplicates
-as it does for the engine. Runs until terminated (bench/peers.py stops it once the queue
+as it does for the engine. Runs until terminated (peers.py stops it once the queue
 is empty, after reading its CPU time). Needs `pip install -e '.[bench]'`.
 """
 

@@ -1,4 +1,5 @@
-"""Locust load for the ingress API (driven by bench/ingress.py; runnable by hand too).
+"""Locust load for the ingress API (driven by the throughput and ingress scenarios;
+runnable by hand too).
 
 Environment:
   BENCH_MODE      single (POST /v1/events) or batch (POST /v1/events/batch)
@@ -7,7 +8,7 @@ Environment:
   BENCH_TOKEN     bearer token, if the server wants one
   BENCH_PAYLOAD   payload size in bytes, default 1024
 
-  locust -f bench/locustfile.py --headless -u 50 -r 50 -t 30s -H http://127.0.0.1:8080
+  locust -f bench/harness/locustfile.py --headless -u 50 -r 50 -t 30s -H http://127.0.0.1:8080
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ class IngressUser(FastHttpUser):
     def on_start(self) -> None:
         # Producers are not synchronised: each user starts at a random point of its
         # period. Users spawned together otherwise fire in bursts, and each request's
-        # time then includes locust handling the rest of its burst. Against a server that
-        # does nothing (bench/noop_server.mjs), 50 users at 1,000/s: p50 6 ms, p99 20 ms;
-        # with the offset p50 4-6 ms, p99 12-16 ms: locust's own floor on 2 cores.
+        # time then includes locust handling the rest of its burst (locust's own floor
+        # against noop_server.mjs with and without the offset:
+        # bench/results/2026-11-30-drain-ingress-sql-rounds.md).
         if USER_RPS > 0:
             gevent.sleep(random.random() / USER_RPS)
 
