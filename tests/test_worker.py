@@ -1,5 +1,5 @@
 """Delivery workers and the supervisor as real processes, POSTing over loopback to the fake
-destination (bench/fakedest.mjs), signatures checked by the independent `standardwebhooks`
+destination (engine/testing/fakedest.mjs), signatures checked by the independent `standardwebhooks`
 package."""
 
 from __future__ import annotations
