@@ -26,7 +26,16 @@ import pytest
 from engine import queries
 from engine.testing.ingress_server import IngressProcess
 from tests.kit.dbserver import DatabaseFactory
-from tests.test_claim_plan import HISTORY_TABLES, PLAN_MODES, Plan, explain, nodes, seq_scanned
+from tests.test_claim_plan import (
+    HISTORY_TABLES,
+    PLAN_MODES,
+    Plan,
+    explain,
+    filled_database,
+    nodes,
+    rolled_back,
+    seq_scanned,
+)
 
 pytestmark = pytest.mark.pg_versions
 
@@ -96,20 +105,12 @@ def fill(conn: psycopg.Connection) -> None:
 
 @pytest.fixture(scope="module")
 def big_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
-    url = database_factory.create()
-    with psycopg.connect(url, autocommit=True) as conn:
-        fill(conn)
-    yield url
-    database_factory.drop(url)
+    yield from filled_database(database_factory, fill)
 
 
 @pytest.fixture
 def tx(big_dsn: str) -> Iterator[psycopg.Connection]:
-    with (
-        psycopg.connect(big_dsn, prepare_threshold=None) as connection,
-        connection.transaction(force_rollback=True),
-    ):
-        yield connection
+    yield from rolled_back(big_dsn)
 
 
 def scanned_indexes(plan: Plan) -> set[str]:
