@@ -206,9 +206,9 @@ def test_dead_deliveries_and_depth_read_only_dead_rows(
                             params)
         assert explained["Plan"]["Actual Rows"] == 50, what
         check(explained, {index}, record_property, what, mode)
-    explained = explain_plain(tx, queries.CONSOLE_DEPTH)
+    explained = explain_plain(tx, queries.STATUS_QUEUE)
     check(explained, {"finished_deliveries_dead_idx|finished_deliveries_dead_all_idx"},
-          record_property, "console_depth", mode)
+          record_property, "status_queue", mode)
 
 
 def relations(plan: Plan) -> set[str]:

@@ -95,7 +95,7 @@ def _destination_summary(row: tuple) -> s.DestinationSummary:
         percentile(counts or (), 0.99, lowest, highest), last_error, last_error_at)
 
 
-# status_queue.sql's fan-out averages read a day of events: at most this often, per
+# status_fanout.sql's averages read a day of events: at most this often, per
 # ingress process, however many consoles refresh.
 FANOUT_REFRESH_S = 300.0
 _fanout: dict[str, Any] = {"at": -math.inf, "queue": {}}
@@ -109,8 +109,7 @@ async def _rows(conn: AsyncConnection, statement: bytes, params: tuple = ()) -> 
 
 async def _fanout_figures(conn: AsyncConnection) -> dict[str, Any]:
     if time.monotonic() - _fanout["at"] >= FANOUT_REFRESH_S:
-        queue_row = (await _rows(conn, queries.STATUS_QUEUE))[0]
-        _fanout["queue"] = {k: queue_row[k] for k in ("fanout_last_hour", "fanout_day_before")}
+        _fanout["queue"] = (await _rows(conn, queries.STATUS_FANOUT))[0]
         _fanout["at"] = time.monotonic()
     return _fanout["queue"]
 
@@ -133,7 +132,7 @@ async def overview(conn: AsyncConnection, window_s: float) -> s.Overview:
     fanout = await _fanout_figures(conn)
     async with conn.transaction():
         await conn.execute(queries.SNAPSHOT_READ_ONLY)
-        depth = (await _rows(conn, queries.CONSOLE_DEPTH))[0]
+        depth = (await _rows(conn, queries.STATUS_QUEUE))[0]
         collected: dict[str, Any] = {
             "queue": {**depth, **fanout},
             "breakers": (await _rows(conn, queries.STATUS_BREAKERS))[0],
