@@ -93,12 +93,13 @@ def filled_database(
     database_factory.drop(url)
 
 
-def rolled_back(dsn: str) -> Iterator[psycopg.Connection]:
-    """A connection inside one transaction that is rolled back at the end (the queue
-    functions' own transactions become savepoints in it). No automatic preparing: psycopg
-    deallocates all prepared statements on a rollback, ours included."""
+def rolled_back(big_dsn: str) -> Iterator[psycopg.Connection]:
+    """The `tx` fixture of the plan tests (over their module's `big_dsn`): a connection
+    inside one transaction that is rolled back at the end (the queue functions' own
+    transactions become savepoints in it). No automatic preparing: psycopg deallocates
+    all prepared statements on a rollback, ours included."""
     with (
-        psycopg.connect(dsn, prepare_threshold=None) as connection,
+        psycopg.connect(big_dsn, prepare_threshold=None) as connection,
         connection.transaction(force_rollback=True),
     ):
         yield connection
@@ -109,9 +110,7 @@ def big_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
     yield from filled_database(database_factory, fill)
 
 
-@pytest.fixture
-def tx(big_dsn: str) -> Iterator[psycopg.Connection]:
-    yield from rolled_back(big_dsn)
+tx = pytest.fixture(rolled_back, name="tx")
 
 
 def explain(

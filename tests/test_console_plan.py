@@ -108,9 +108,7 @@ def big_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
     yield from filled_database(database_factory, fill)
 
 
-@pytest.fixture
-def tx(big_dsn: str) -> Iterator[psycopg.Connection]:
-    yield from rolled_back(big_dsn)
+tx = pytest.fixture(rolled_back, name="tx")
 
 
 def scanned_indexes(plan: Plan) -> set[str]:
