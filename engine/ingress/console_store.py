@@ -22,7 +22,6 @@ from engine.ingress import schemas as s
 from engine.sql_params import (
     ConsoleDeadDeliveriesParams,
     ConsoleDeliveriesParams,
-    ConsoleEventsByTypeParams,
     ConsoleEventsParams,
     DestinationStatsParams,
 )
@@ -37,13 +36,10 @@ async def list_events(
     conn: AsyncConnection, event_type: str | None, since: dt.datetime | None,
     until: dt.datetime | None, after_id: int | None, limit: int,
 ) -> list[s.EventSummary]:
-    statement = queries.CONSOLE_EVENTS
-    params: tuple = ConsoleEventsParams(since=since, until=until, after_id=after_id, limit=limit)
-    if event_type is not None:
-        statement = queries.CONSOLE_EVENTS_BY_TYPE
-        params = ConsoleEventsByTypeParams(
-            since=since, until=until, after_id=after_id, limit=limit, event_type=event_type)
-    return [s.EventSummary(*row) for row in await _fetchall(conn, statement, params)]
+    params = ConsoleEventsParams(
+        since=since, until=until, after_id=after_id, limit=limit, event_type=event_type)
+    rows = await _fetchall(conn, queries.CONSOLE_EVENTS, params)
+    return [s.EventSummary(*row) for row in rows]
 
 
 async def list_deliveries_by_event(
@@ -52,13 +48,11 @@ async def list_deliveries_by_event(
     after_id: int | None, limit: int,
 ) -> list[s.Delivery]:
     """Deliveries of the events of a type and/or a time range, newest event first."""
-    statement = (queries.CONSOLE_DELIVERIES_BY_TIME if event_type is None
-                 else queries.CONSOLE_DELIVERIES_BY_TYPE)
     params = ConsoleDeliveriesParams(
         event_type=event_type, since=since, until=until, status=status_,
         destination_id=destination_id, after_id=after_id, limit=limit,
     )
-    rows = await _fetchall(conn, statement, params)
+    rows = await _fetchall(conn, queries.CONSOLE_DELIVERIES_BY_EVENT, params)
     return [s.Delivery(*row) for row in rows]
 
 

@@ -1,14 +1,14 @@
--- console_deliveries_by_time: GET /v1/deliveries?since=&until= without event_type,
--- newest event first, then the event's deliveries by id descending, keyset paging.
---   $1 event type text (always NULL: the parameters are console_deliveries_by_type's),
---   $2 since timestamptz (NULL: no bound),
+-- console_deliveries_by_event: GET /v1/deliveries with event_type, since or until (any of
+-- them), newest event first, then the event's deliveries by id descending, keyset paging.
+--   $1 event type text (NULL: any), $2 since timestamptz (NULL: no bound),
 --   $3 until timestamptz (NULL: no bound), $4 status text (NULL: any),
 --   $5 destination id bigint (NULL: any),
 --   $6 after id bigint (the cursor: the id of the last delivery of the previous page;
 --   NULL: first page),
 --   $7 limit int
--- Deliveries carry no event type: walk events_created_id_idx backwards and take each
--- event's deliveries from the two event_id indexes; an incremental sort (the rows come
+-- Deliveries carry no event type: walk events_created_id_idx, or events_type_created_idx
+-- for one type (the two arms as in console_events.sql), backwards and take each event's
+-- deliveries from the two event_id indexes; an incremental sort (the rows come
 -- ordered by event already) stops as soon as the page is full. The walk starts from one
 -- (created_at, id) bound, the lower of `until` and the cursor's event (a scan can start
 -- from one key only). The cursor is a delivery id; its event is found by primary keys,
@@ -36,7 +36,7 @@ WITH cursor_event AS MATERIALIZED (
 )
 SELECT d.id, d.event_id, d.destination_id, d.status, d.attempt, d.next_attempt_at,
        d.last_error, d.created_at, d.completed_at
-  FROM events e
+  FROM (SELECT '' AS wanted, * FROM events UNION ALL SELECT type, * FROM events) AS e
  CROSS JOIN LATERAL (
         SELECT id, event_id, destination_id, status::text, attempt, next_attempt_at,
                last_error, created_at, NULL::timestamptz AS completed_at
@@ -46,7 +46,7 @@ SELECT d.id, d.event_id, d.destination_id, d.status, d.attempt, d.next_attempt_a
                last_error, created_at, completed_at
           FROM finished_deliveries WHERE event_id = e.id
        ) d
- WHERE $1::text IS NULL
+ WHERE e.wanted = coalesce($1::text, '')
    AND e.created_at >= coalesce($2::timestamptz, '-infinity')
    AND (e.created_at, e.id) <= ((SELECT created_at FROM bound), (SELECT event_id FROM bound))
    -- Within the cursor's own event, only the deliveries after it.
