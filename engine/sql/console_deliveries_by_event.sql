@@ -8,44 +8,25 @@
 --   $7 limit int
 -- Deliveries carry no event type: walk events_created_id_idx, or events_type_created_idx
 -- for one type (the two arms as in console_events.sql), backwards and take each event's
--- deliveries from the two event_id indexes; an incremental sort (the rows come
--- ordered by event already) stops as soon as the page is full. The walk starts from one
--- (created_at, id) bound, the lower of `until` and the cursor's event (a scan can start
--- from one key only). The cursor is a delivery id; its event is found by primary keys,
--- so paging is exact even where delivery ids and event times disagree. A cursor that
--- retention has removed yields an empty page rather than the first page again.
+-- deliveries (delivery_rows, schema/014) from the two event_id indexes; an incremental
+-- sort (the rows come ordered by event already) stops as soon as the page is full. The
+-- walk starts from keyset_start() (schema/014) of `until` and the cursor's event. The
+-- cursor is a delivery id; its event is found by primary keys, so paging is exact even
+-- where delivery ids and event times disagree.
 WITH cursor_event AS MATERIALIZED (
     SELECT e.created_at, e.id
       FROM events e
-     WHERE e.id = (SELECT event_id FROM deliveries WHERE id = $6::bigint
-                   UNION ALL
-                   SELECT event_id FROM finished_deliveries WHERE id = $6::bigint
-                   LIMIT 1)
+     WHERE e.id = (SELECT event_id FROM delivery_rows WHERE id = $6::bigint LIMIT 1)
 ), bound AS MATERIALIZED (
-    SELECT CASE WHEN $6::bigint IS NULL THEN coalesce($3::timestamptz, 'infinity')
-                WHEN c.id IS NULL THEN '-infinity'
-                ELSE least(c.created_at, coalesce($3::timestamptz, 'infinity')) END
-               AS created_at,
-           CASE WHEN $6::bigint IS NULL THEN 9223372036854775807
-                WHEN c.id IS NULL THEN 0
-                WHEN c.created_at <= coalesce($3::timestamptz, 'infinity') THEN c.id
-                ELSE 9223372036854775807 END AS event_id,
-           c.id AS cursor_event_id
+    SELECT s.created_at, s.id AS event_id, c.id AS cursor_event_id
       FROM (SELECT) AS one
       LEFT JOIN cursor_event c ON true
+     CROSS JOIN keyset_start($6::bigint IS NOT NULL, c.created_at, c.id, $3::timestamptz) s
 )
 SELECT d.id, d.event_id, d.destination_id, d.status, d.attempt, d.next_attempt_at,
        d.last_error, d.created_at, d.completed_at
   FROM (SELECT '' AS wanted, * FROM events UNION ALL SELECT type, * FROM events) AS e
- CROSS JOIN LATERAL (
-        SELECT id, event_id, destination_id, status::text, attempt, next_attempt_at,
-               last_error, created_at, NULL::timestamptz AS completed_at
-          FROM deliveries WHERE event_id = e.id
-        UNION ALL
-        SELECT id, event_id, destination_id, status::text, attempt, next_attempt_at,
-               last_error, created_at, completed_at
-          FROM finished_deliveries WHERE event_id = e.id
-       ) d
+  JOIN delivery_rows d ON d.event_id = e.id
  WHERE e.wanted = coalesce($1::text, '')
    AND e.created_at >= coalesce($2::timestamptz, '-infinity')
    AND (e.created_at, e.id) <= ((SELECT created_at FROM bound), (SELECT event_id FROM bound))

@@ -3,23 +3,13 @@
 --   $3 after id bigint (the cursor: the id of the last event of the previous page;
 --   NULL: first page), $4 limit int, $5 event type text (NULL: any)
 -- A backward scan of events_created_id_idx, or of events_type_created_idx for one type,
--- from one (created_at, id) bound, stopping at the limit or at `since`. `until` and the
--- cursor are folded into that single bound (the lower of the two) because the scan can
--- only start from one key: given both as separate conditions, it would start at `until`
--- and filter its way down to the cursor. The cursor's created_at is looked up by primary
--- key; a cursor whose event retention has removed yields an empty page rather than the
--- first page again.
+-- from one (created_at, id) bound, stopping at the limit or at `since`. The bound is
+-- keyset_start() (schema/014) of `until` and the cursor's event, looked up by primary key.
 WITH bound AS MATERIALIZED (
-    SELECT CASE WHEN $3::bigint IS NULL THEN coalesce($2::timestamptz, 'infinity')
-                WHEN c.id IS NULL THEN '-infinity'
-                ELSE least(c.created_at, coalesce($2::timestamptz, 'infinity')) END
-               AS created_at,
-           CASE WHEN $3::bigint IS NULL THEN 9223372036854775807
-                WHEN c.id IS NULL THEN 0
-                WHEN c.created_at <= coalesce($2::timestamptz, 'infinity') THEN c.id
-                ELSE 9223372036854775807 END AS id
+    SELECT s.created_at, s.id
       FROM (SELECT) AS one
       LEFT JOIN events c ON c.id = $3::bigint
+     CROSS JOIN keyset_start($3::bigint IS NOT NULL, c.created_at, c.id, $2::timestamptz) s
 )
 SELECT id, type, ordering_key, idempotency_key, delivery_count, created_at
   -- Two walks, one per index: each arm says which type it keeps, '' for every type ('' is
