@@ -76,3 +76,21 @@ SELECT destination_id, sum(succeeded), sum(http_error), sum(transport_error),
  WHERE minute > now() - window_s * interval '1 second' - interval '1 minute'
  GROUP BY destination_id
 $$;
+
+-- requeue_finished: move finished deliveries (dead or delivered) back into the queue as
+-- first attempts, due now; returns their ids. Both replays use it (replay_delivery.sql,
+-- replay_dead.sql). Its DELETE and INSERT run after the calling statement's snapshot was
+-- taken: the rows it inserts are not visible to the rest of that statement.
+CREATE FUNCTION requeue_finished(ids bigint[]) RETURNS SETOF bigint
+LANGUAGE sql AS $$
+WITH moved AS (
+    DELETE FROM finished_deliveries WHERE id = ANY (ids) RETURNING *
+)
+INSERT INTO deliveries
+       (id, event_id, destination_id, status, attempt, next_attempt_at, ordering_key,
+        last_error, created_at)
+SELECT id, event_id, destination_id, 'pending', 0, now(), ordering_key, last_error,
+       created_at
+  FROM moved
+RETURNING id
+$$;
