@@ -82,26 +82,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Settings given as top-level flags: the Settings field, then the flag's attribute in args.
+_SETTING_FLAGS = {
+    "procs": "procs", "bind": "bind", "ingress_procs": "ingress_procs",
+    "worker_nice": "worker_nice", "allow_private_targets": "allow_private_targets",
+    "allow_targets": "allow_targets", "disable_after": "disable_after",
+    "retry_schedule": "retry_schedule", "max_in_flight": "max_in_flight", "lease": "lease",
+    "max_timeout": "max_timeout", "drain_deadline_s": "drain_deadline",
+}
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    return load_settings(
-        args.config,
-        dsn=args.dsn,
-        procs=getattr(args, "procs", None),
-        bind=getattr(args, "bind", None),
-        ingress_procs=getattr(args, "ingress_procs", None),
-        worker_nice=getattr(args, "worker_nice", None),
-        allow_private_targets=getattr(args, "allow_private_targets", None),
-        allow_targets=getattr(args, "allow_targets", None),
-        disable_after=getattr(args, "disable_after", None),
-        retry_schedule=getattr(args, "retry_schedule", None),
-        max_in_flight=getattr(args, "max_in_flight", None),
-        lease=getattr(args, "lease", None),
-        max_timeout=getattr(args, "max_timeout", None),
-        drain_deadline_s=getattr(args, "drain_deadline", None),
-    )
+    # A subcommand's namespace lacks the top-level flags given after it: getattr's None.
+    flags = {field: getattr(args, flag, None) for field, flag in _SETTING_FLAGS.items()}
+    return load_settings(args.config, dsn=args.dsn, **flags)
 
 
-def cmd_migrate(settings: Settings) -> int:
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     database = open_database(settings)
     try:
         print(f"database {describe(database.dsn)}")
@@ -122,7 +119,7 @@ def cmd_migrate(settings: Settings) -> int:
     return 0
 
 
-def cmd_run(settings: Settings) -> int:
+def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     from engine.supervisor import run_supervisor
 
     # Before the database starts: a port in use is the commonest first mistake.
@@ -130,7 +127,7 @@ def cmd_run(settings: Settings) -> int:
     return run_supervisor(settings)
 
 
-def cmd_maintenance(settings: Settings) -> int:
+def cmd_maintenance(settings: Settings, args: argparse.Namespace) -> int:
     from engine.maintenance import run_maintenance
 
     database = open_database(settings)
@@ -154,17 +151,27 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-# Subcommands that read their own flags.
-ARG_COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
-    "status": cmd_status,
-    "demo": demo.run_demo,
-    "tune-autovacuum": autovacuum_advice.cmd_tune_autovacuum,
-}
+def cmd_operator(settings: Settings, args: argparse.Namespace) -> int:
+    """The subcommands that go through the API's own handlers (engine/commands/): their
+    parsers name the action in `operator_command`."""
+    from engine.commands.local_api import api_session
 
-COMMANDS: dict[str, Callable[[Settings], int]] = {
-    "maintenance": cmd_maintenance,
+    with api_session(settings) as api:
+        return args.operator_command(api, args)
+
+
+# Every subcommand, by name; no subcommand is `run`.
+COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "run": cmd_run,
     "migrate": cmd_migrate,
+    "maintenance": cmd_maintenance,
+    "status": cmd_status,
+    "destinations": cmd_operator,
+    "send": cmd_operator,
+    "deliveries": cmd_operator,
+    "replay": cmd_operator,
+    "demo": demo.run_demo,
+    "tune-autovacuum": autovacuum_advice.cmd_tune_autovacuum,
 }
 
 
@@ -175,14 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings: Settings | None = None
     try:
         settings = settings_from_args(args)
-        if getattr(args, "operator_command", None) is not None:
-            from engine.commands.local_api import api_session
-
-            with api_session(settings) as api:
-                return args.operator_command(api, args)
-        if args.command in ARG_COMMANDS:
-            return ARG_COMMANDS[args.command](settings, args)
-        return COMMANDS[args.command or "run"](settings)
+        return COMMANDS[args.command or "run"](settings, args)
     except (CommandError, ConfigError, EmbeddedError, SchemaTooNew, ValueError) as exc:
         print(f"engine: {exc}", file=sys.stderr)
         return 2

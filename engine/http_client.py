@@ -226,23 +226,27 @@ class CurlPool:
             # same host:port may use them too, which only ever points at a checked address.
             curl.setopt(pycurl.RESOLVE, [] if pin is None else _resolve_entry(url, pin))
         transfer.start(on_done)
+        refused = self._add(curl, transfer)
+        if refused is not None:
+            # The multi is dead (see engine/curl_faults.py): replace it, then try once
+            # more on the new one. This request fails as an attempt only if that fails too.
+            self._rebuild(refused)
+            refused = self._add(curl, transfer)
+        if refused is not None:
+            transfer.on_done = None
+            self._loop.call_soon(
+                on_done, failed_result(f"internal: {refused}", transfer.started_at))
+        return transfer
+
+    def _add(self, curl: pycurl.Curl, transfer: Transfer) -> pycurl.error | None:
+        """Hand the transfer to the multi; the multi's error if it refused it."""
         self._active[curl] = transfer
         try:
             self._multi.add_handle(curl)
         except pycurl.error as exc:
-            # The multi is dead (see engine/curl_faults.py): replace it, then try once
-            # more on the new one. This request fails as an attempt only if that fails too.
             del self._active[curl]
-            self._rebuild(exc)
-            self._active[curl] = transfer
-            try:
-                self._multi.add_handle(curl)
-            except pycurl.error as again:
-                del self._active[curl]
-                transfer.on_done = None
-                self._loop.call_soon(
-                    on_done, failed_result(f"internal: {again}", transfer.started_at))
-        return transfer
+            return exc
+        return None
 
     async def post_checked(
         self,

@@ -121,18 +121,11 @@ class ConsoleEventsParams(NamedTuple):
     until: object  # datetime | None
     after_id: int | None
     limit: int
-
-
-class ConsoleEventsByTypeParams(NamedTuple):
-    since: object  # datetime | None
-    until: object  # datetime | None
-    after_id: int | None
-    limit: int
-    event_type: str
+    event_type: str | None
 
 
 class ConsoleDeliveriesParams(NamedTuple):
-    event_type: str | None  # None for console_deliveries_by_time
+    event_type: str | None
     since: object  # datetime | None
     until: object  # datetime | None
     status: str | None
@@ -223,9 +216,7 @@ STATEMENT_PARAMETERS: dict[str, type[tuple]] = {
     "migrations_record": MigrationsRecordParams,
     "demo_attempts": DemoAttemptsParams,
     "console_events": ConsoleEventsParams,
-    "console_events_by_type": ConsoleEventsByTypeParams,
-    "console_deliveries_by_type": ConsoleDeliveriesParams,
-    "console_deliveries_by_time": ConsoleDeliveriesParams,
+    "console_deliveries_by_event": ConsoleDeliveriesParams,
     "console_dead_deliveries": ConsoleDeadDeliveriesParams,
     "destination_stats": DestinationStatsParams,
     "api_destination_create": ApiDestinationCreateParams,

@@ -38,7 +38,7 @@ def collect_status(conn: psycopg.Connection, top: int = TOP_DESTINATIONS) -> dic
     """Everything `engine status` shows, read in one repeatable-read snapshot."""
     with conn.transaction():
         conn.execute(queries.SNAPSHOT_READ_ONLY)
-        queue = _rows(conn, queries.STATUS_QUEUE)[0]
+        queue = {**_rows(conn, queries.STATUS_QUEUE)[0], **_rows(conn, queries.STATUS_FANOUT)[0]}
         breakers = _rows(conn, queries.STATUS_BREAKERS)[0]
         destinations = _rows(conn, queries.STATUS_DESTINATIONS, (top,))
         tables = _rows(conn, queries.STATUS_TABLES)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -82,8 +82,10 @@ def fill(conn: psycopg.Connection) -> None:
     conn.execute("VACUUM (ANALYZE) events, finished_deliveries, deliveries")
 
 
-@pytest.fixture(scope="module")
-def big_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
+def filled_database(
+    database_factory: DatabaseFactory, fill: Callable[[psycopg.Connection], None],
+) -> Iterator[str]:
+    """A new database, `fill`ed, for a module's plan tests; dropped after them."""
     url = database_factory.create()
     with psycopg.connect(url, autocommit=True) as conn:
         fill(conn)
@@ -91,16 +93,24 @@ def big_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
     database_factory.drop(url)
 
 
-@pytest.fixture
-def tx(big_dsn: str) -> Iterator[psycopg.Connection]:
-    """A connection inside one transaction that is rolled back at the end (the queue
-    functions' own transactions become savepoints in it). No automatic preparing: psycopg
-    deallocates all prepared statements on a rollback, ours included."""
+def rolled_back(big_dsn: str) -> Iterator[psycopg.Connection]:
+    """The `tx` fixture of the plan tests (over their module's `big_dsn`): a connection
+    inside one transaction that is rolled back at the end (the queue functions' own
+    transactions become savepoints in it). No automatic preparing: psycopg deallocates
+    all prepared statements on a rollback, ours included."""
     with (
         psycopg.connect(big_dsn, prepare_threshold=None) as connection,
         connection.transaction(force_rollback=True),
     ):
         yield connection
+
+
+@pytest.fixture(scope="module")
+def big_dsn(database_factory: DatabaseFactory) -> Iterator[str]:
+    yield from filled_database(database_factory, fill)
+
+
+tx = pytest.fixture(rolled_back, name="tx")
 
 
 def explain(
@@ -165,6 +175,12 @@ def claim_all(conn: psycopg.Connection, workers: int, prefix: str) -> list[queue
     return claims
 
 
+def assert_reads_no_table_whole(plan: Plan) -> None:
+    """No sequential scan of the queue or of a history table."""
+    touched = seq_scanned(plan)
+    assert not touched & ({"deliveries"} | HISTORY_TABLES), touched
+
+
 def explain_claim(tx: psycopg.Connection, mode: str) -> Plan:
     params = queue.claim_params("plan-test", 50, LEASE_MS, 12, [])
     return explain(tx, mode, queries.CLAIM_BATCH, "text, int, int, int, bigint[]", list(params))
@@ -200,8 +216,7 @@ def test_claim_scans_the_claimable_index_for_both_branches(
     # 1,000 rows: reading the due range whole through the index and sorting it is fine.
     check_branches(explained, ordered=False)
     assert index_scans(cte(explained, "claimed"), "deliveries_pkey")
-    touched = seq_scanned(plan)
-    assert not touched & ({"deliveries"} | HISTORY_TABLES), touched
+    assert_reads_no_table_whole(plan)
 
 
 BURST = 20_000
@@ -235,8 +250,7 @@ def test_claim_stays_an_ordered_scan_on_a_large_queue(
     report(record_property, f"claim_batch_{situation}", mode, explained)
     assert explained["Plan"]["Actual Rows"] == 50
     check_branches(explained, ordered=True)
-    touched = seq_scanned(explained["Plan"])
-    assert not touched & ({"deliveries"} | HISTORY_TABLES), touched
+    assert_reads_no_table_whole(explained["Plan"])
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)
@@ -293,8 +307,7 @@ def test_a_slot_refill_reads_only_the_slots_it_refills(
     scans = index_scans(plan, "deliveries_destination_idx")
     assert scans and all(s["Node Type"] == "Index Scan" for s in scans), scans
     assert max(s["Actual Rows"] for s in scans) <= 10, "read past the slots refilled"
-    touched = seq_scanned(plan)
-    assert not touched & ({"deliveries"} | HISTORY_TABLES), touched
+    assert_reads_no_table_whole(plan)
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)
@@ -327,8 +340,7 @@ def test_record_results_finds_its_rows_by_primary_key(
         node = cte(explained, step)
         assert node["Actual Rows"] > 0, step
         assert index_scans(node, "deliveries_pkey"), f"{step} does not use deliveries_pkey"
-    touched = seq_scanned(explained["Plan"])
-    assert not touched & ({"deliveries"} | HISTORY_TABLES), touched
+    assert_reads_no_table_whole(explained["Plan"])
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)

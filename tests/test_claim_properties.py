@@ -416,22 +416,22 @@ class Claimers:
             assert not runner.is_alive(), f"claimer {name} did not stop within 10 s"
 
 
-@pytest.fixture
-def claimer_threads(dsn: str) -> Iterator[Claimers]:
-    claimers = Claimers(dsn, processes=False)
+def started_claimers(dsn: str, processes: bool) -> Iterator[Claimers]:
+    claimers = Claimers(dsn, processes=processes)
     try:
         yield claimers
     finally:
         claimers.close()
+
+
+@pytest.fixture
+def claimer_threads(dsn: str) -> Iterator[Claimers]:
+    yield from started_claimers(dsn, processes=False)
 
 
 @pytest.fixture
 def claimer_processes(dsn: str) -> Iterator[Claimers]:
-    claimers = Claimers(dsn, processes=True)
-    try:
-        yield claimers
-    finally:
-        claimers.close()
+    yield from started_claimers(dsn, processes=True)
 
 
 def drain_examples(conn: psycopg.Connection, claimers: Claimers, most: int) -> None:

@@ -138,3 +138,13 @@ def test_data_folder_of_another_user(tmp_path: Path) -> None:
     line = refused([*ENGINE, "migrate"], cwd=tmp_path)
     assert f"{data} belongs to nobody" in line and "--dsn" in line
     assert data.stat().st_uid == nobody.pw_uid  # not taken over
+
+
+def test_every_subcommand_is_in_the_dispatch_table() -> None:
+    """A subcommand the parser knows but COMMANDS lacks would end in a KeyError."""
+    from engine.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    names = {name for action in parser._subparsers._group_actions  # type: ignore[union-attr]
+             for name in getattr(action, "choices", {})}
+    assert names == set(COMMANDS)

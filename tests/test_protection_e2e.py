@@ -154,6 +154,19 @@ def one_worker(dsn: str, tmp_path: Path, *extra: str) -> Engine:
                   *extra)
 
 
+def enqueue_a_share_then_a_mix(
+    conn: psycopg.Connection, troubled: int, healthy: int, then: int,
+) -> None:
+    """First `SHARE` deliveries to `troubled` and the rest of the worker's slots' worth to
+    `healthy` (this transaction's rows are due first), then `then` more with every fifth
+    to `troubled`."""
+    first = [troubled] * SHARE + [healthy] * (CAPACITY - SHARE)
+    rest = [troubled if i % 5 == 4 else healthy for i in range(then)]
+    for targets in (first, rest):
+        with conn.transaction():
+            queue.enqueue_events(conn, [EventIn("t", "{}", [t]) for t in targets])
+
+
 def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
     dsn: str, conn: psycopg.Connection, tmp_path: Path
 ) -> None:
@@ -173,11 +186,7 @@ def test_a_hanging_endpoint_cannot_take_the_healthy_slots(
         # destination: it gets exactly `SHARE` hanging deliveries (this transaction's rows
         # are due first). From then on the hanging endpoint must get no more slots while
         # healthy deliveries wait, and far more of them wait than the test lets drain.
-        first = [hanging] * SHARE + [healthy] * (CAPACITY - SHARE)
-        rest = [hanging if i % 5 == 4 else healthy for i in range(5000)]
-        for targets in (first, rest):
-            with conn.transaction():
-                queue.enqueue_events(conn, [EventIn("t", "{}", [t]) for t in targets])
+        enqueue_a_share_then_a_mix(conn, hanging, healthy, 5000)
         wait_until(lambda: fake.name_stats("healthy").get("delivered_ids", 0) >= 2000, 110,
                    "the healthy backlog, within the hanging requests' timeout")
         stats = fake.name_stats("hanging")
@@ -202,11 +211,7 @@ def test_a_slow_but_answering_endpoint_keeps_to_its_share_of_the_slots(
         healthy = add_destination(conn, url=fake.url("slow/50/healthy"))
         # The first claim knows neither: it gets exactly `SHARE` slow deliveries. Then far
         # more healthy ones wait than the test lets drain, and a slow one every fifth.
-        first = [slow] * SHARE + [healthy] * (CAPACITY - SHARE)
-        rest = [slow if i % 5 == 4 else healthy for i in range(20_000)]
-        for targets in (first, rest):
-            with conn.transaction():
-                queue.enqueue_events(conn, [EventIn("t", "{}", [t]) for t in targets])
+        enqueue_a_share_then_a_mix(conn, slow, healthy, 20_000)
         # Two rounds of slow answers: after the first, the endpoint is known to be slow.
         wait_until(lambda: fake.name_stats("slow").get("delivered_ids", 0) >= 2 * SHARE, 120,
                    "two rounds of answers from the slow endpoint")

@@ -26,7 +26,7 @@ from engine.domain import EventIn
 from engine.ingress import errors, store
 from engine.ingress import schemas as s
 from engine.ingress.committer import Committer
-from engine.ingress.console_api import ConsoleApi
+from engine.ingress.console_api import ConsoleApi, cursor_param
 from engine.ingress.dbgate import DatabaseGate
 from engine.ingress.destinations_api import DestinationApi
 from engine.ingress.errors import ApiError
@@ -230,12 +230,7 @@ class IngressApp(DestinationApi, ConsoleApi):
         return json_response(202, s.BatchAccepted(await self._commit(events)))
 
     async def read_event(self, request: Request) -> Response:
-        assert request.path_id is not None
-        async with self._connection() as conn:
-            event = await store.read_event(conn, request.path_id)
-        if event is None:
-            raise errors.not_found("event")
-        return json_response(200, event)
+        return await self._read_by_path_id(request, store.read_event, "event")
 
     # Deliveries ------------------------------------------------------------------------
 
@@ -247,12 +242,7 @@ class IngressApp(DestinationApi, ConsoleApi):
         if status is not None and status not in ("pending", "in_flight", "delivered", "dead"):
             raise errors.invalid("status: must be pending, in_flight, delivered or dead")
         limit = int_param(params, "limit", 1, s.MAX_LIST_LIMIT) or s.DEFAULT_LIST_LIMIT
-        after = params.get("after")
-        before_id = None
-        if after is not None:
-            if not after.isascii() or not after.isdigit() or len(after) > 19:
-                raise errors.invalid("after: not a cursor returned by this endpoint")
-            before_id = min(int(after), s.MAX_ID)
+        before_id = cursor_param(params)
         # The console's filters (event type, time, dead ones) have statements of their own.
         rows = await self.console_deliveries(params, destination_id, status, before_id, limit)
         if rows is None:
@@ -264,12 +254,7 @@ class IngressApp(DestinationApi, ConsoleApi):
         return json_response(200, s.DeliveryPage(rows, next_cursor))
 
     async def read_delivery(self, request: Request) -> Response:
-        assert request.path_id is not None
-        async with self._connection() as conn:
-            delivery = await store.read_delivery(conn, request.path_id)
-        if delivery is None:
-            raise errors.not_found("delivery")
-        return json_response(200, delivery)
+        return await self._read_by_path_id(request, store.read_delivery, "delivery")
 
     async def replay_delivery(self, request: Request) -> Response:
         assert request.path_id is not None

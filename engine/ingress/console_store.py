@@ -22,7 +22,6 @@ from engine.ingress import schemas as s
 from engine.sql_params import (
     ConsoleDeadDeliveriesParams,
     ConsoleDeliveriesParams,
-    ConsoleEventsByTypeParams,
     ConsoleEventsParams,
     DestinationStatsParams,
 )
@@ -37,13 +36,10 @@ async def list_events(
     conn: AsyncConnection, event_type: str | None, since: dt.datetime | None,
     until: dt.datetime | None, after_id: int | None, limit: int,
 ) -> list[s.EventSummary]:
-    statement = queries.CONSOLE_EVENTS
-    params: tuple = ConsoleEventsParams(since=since, until=until, after_id=after_id, limit=limit)
-    if event_type is not None:
-        statement = queries.CONSOLE_EVENTS_BY_TYPE
-        params = ConsoleEventsByTypeParams(
-            since=since, until=until, after_id=after_id, limit=limit, event_type=event_type)
-    return [s.EventSummary(*row) for row in await _fetchall(conn, statement, params)]
+    params = ConsoleEventsParams(
+        since=since, until=until, after_id=after_id, limit=limit, event_type=event_type)
+    rows = await _fetchall(conn, queries.CONSOLE_EVENTS, params)
+    return [s.EventSummary(*row) for row in rows]
 
 
 async def list_deliveries_by_event(
@@ -52,13 +48,11 @@ async def list_deliveries_by_event(
     after_id: int | None, limit: int,
 ) -> list[s.Delivery]:
     """Deliveries of the events of a type and/or a time range, newest event first."""
-    statement = (queries.CONSOLE_DELIVERIES_BY_TIME if event_type is None
-                 else queries.CONSOLE_DELIVERIES_BY_TYPE)
     params = ConsoleDeliveriesParams(
         event_type=event_type, since=since, until=until, status=status_,
         destination_id=destination_id, after_id=after_id, limit=limit,
     )
-    rows = await _fetchall(conn, statement, params)
+    rows = await _fetchall(conn, queries.CONSOLE_DELIVERIES_BY_EVENT, params)
     return [s.Delivery(*row) for row in rows]
 
 
@@ -95,7 +89,7 @@ def _destination_summary(row: tuple) -> s.DestinationSummary:
         percentile(counts or (), 0.99, lowest, highest), last_error, last_error_at)
 
 
-# status_queue.sql's fan-out averages read a day of events: at most this often, per
+# status_fanout.sql's averages read a day of events: at most this often, per
 # ingress process, however many consoles refresh.
 FANOUT_REFRESH_S = 300.0
 _fanout: dict[str, Any] = {"at": -math.inf, "queue": {}}
@@ -109,8 +103,7 @@ async def _rows(conn: AsyncConnection, statement: bytes, params: tuple = ()) -> 
 
 async def _fanout_figures(conn: AsyncConnection) -> dict[str, Any]:
     if time.monotonic() - _fanout["at"] >= FANOUT_REFRESH_S:
-        queue_row = (await _rows(conn, queries.STATUS_QUEUE))[0]
-        _fanout["queue"] = {k: queue_row[k] for k in ("fanout_last_hour", "fanout_day_before")}
+        _fanout["queue"] = (await _rows(conn, queries.STATUS_FANOUT))[0]
         _fanout["at"] = time.monotonic()
     return _fanout["queue"]
 
@@ -133,7 +126,7 @@ async def overview(conn: AsyncConnection, window_s: float) -> s.Overview:
     fanout = await _fanout_figures(conn)
     async with conn.transaction():
         await conn.execute(queries.SNAPSHOT_READ_ONLY)
-        depth = (await _rows(conn, queries.CONSOLE_DEPTH))[0]
+        depth = (await _rows(conn, queries.STATUS_QUEUE))[0]
         collected: dict[str, Any] = {
             "queue": {**depth, **fanout},
             "breakers": (await _rows(conn, queries.STATUS_BREAKERS))[0],

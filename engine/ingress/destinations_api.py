@@ -4,6 +4,7 @@ its dead deliveries), a mixin of IngressApp (app.py) as the console's reads are
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
@@ -35,6 +36,18 @@ class DestinationApi:
 
     def _connection(self) -> Any:
         raise NotImplementedError
+
+    async def _read_by_path_id(
+        self, request: Request, read: Callable[[Any, int], Awaitable[Any]], what: str,
+    ) -> Response:
+        """GET of one resource (a destination, an event, a delivery): `read` it by the
+        path's id, 404 when it does not exist."""
+        assert request.path_id is not None
+        async with self._connection() as conn:
+            found = await read(conn, request.path_id)
+        if found is None:
+            raise errors.not_found(what)
+        return json_response(200, found)
 
     def _check_url(self, url: str) -> str:
         try:
@@ -98,12 +111,7 @@ class DestinationApi:
         return json_response(200, s.DestinationList(destinations))
 
     async def read_destination(self, request: Request) -> Response:
-        assert request.path_id is not None
-        async with self._connection() as conn:
-            destination = await store.read_destination(conn, request.path_id)
-        if destination is None:
-            raise errors.not_found("destination")
-        return json_response(200, destination)
+        return await self._read_by_path_id(request, store.read_destination, "destination")
 
     async def patch_destination(self, request: Request) -> Response:
         assert request.path_id is not None

@@ -117,16 +117,26 @@ async def delete_destination(conn: AsyncConnection, destination_id: int) -> bool
     return await _fetchone(conn, queries.API_DESTINATION_DELETE, (destination_id,)) is not None
 
 
-async def read_event(conn: AsyncConnection, event_id: int) -> Event | None:
-    row = await _fetchone(conn, queries.API_EVENT_READ, (event_id,))
+async def _row_with_its_rows(
+    conn: AsyncConnection, read: bytes, read_its_rows: bytes, key: int,
+) -> tuple[tuple, list[tuple]] | None:
+    """One row by its id and the rows that belong to it (an event's deliveries, a
+    delivery's attempts); None when there is no such row."""
+    row = await _fetchone(conn, read, (key,))
     if row is None:
         return None
-    rows = await _fetchall(conn, queries.API_EVENT_DELIVERIES, (event_id,))
-    deliveries = [Delivery(*r) for r in rows]
-    event_id, type_, payload, ordering_key, idempotency_key, created_at = row
+    return row, await _fetchall(conn, read_its_rows, (key,))
+
+
+async def read_event(conn: AsyncConnection, event_id: int) -> Event | None:
+    found = await _row_with_its_rows(
+        conn, queries.API_EVENT_READ, queries.API_EVENT_DELIVERIES, event_id)
+    if found is None:
+        return None
+    (event_id, type_, payload, ordering_key, idempotency_key, created_at), rows = found
     return Event(
         event_id, type_, msgspec.Raw(payload.encode()), ordering_key, idempotency_key,
-        created_at, deliveries,
+        created_at, [Delivery(*r) for r in rows],
     )
 
 
@@ -151,12 +161,12 @@ async def list_deliveries(
 
 
 async def read_delivery(conn: AsyncConnection, delivery_id: int) -> DeliveryDetail | None:
-    row = await _fetchone(conn, queries.API_DELIVERY_READ, (delivery_id,))
-    if row is None:
+    found = await _row_with_its_rows(
+        conn, queries.API_DELIVERY_READ, queries.API_DELIVERY_ATTEMPTS, delivery_id)
+    if found is None:
         return None
-    rows = await _fetchall(conn, queries.API_DELIVERY_ATTEMPTS, (delivery_id,))
-    attempts = [Attempt(*r) for r in rows]
-    return DeliveryDetail(*row, attempts=attempts)
+    row, rows = found
+    return DeliveryDetail(*row, attempts=[Attempt(*r) for r in rows])
 
 
 async def read_delivery_row(conn: AsyncConnection, delivery_id: int) -> Delivery | None:

@@ -3,7 +3,6 @@ of the pause, out of the claim's way (engine/sql/breaker_defer.sql)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ from psycopg import Connection
 
 from engine import queries
 from engine.database import repeat_until_short, run_statement
+from engine.maintenance.budget import within_budget
 from engine.sql_params import BreakerDeferParams
 
 BREAKER_DEFER_BATCH = 1000
@@ -35,15 +35,13 @@ def defer_open_breakers(
 ) -> int:
     """Move due deliveries of open-breaker destinations to the end of their pause, a
     batch per short transaction, for at most `budget_s`."""
-    deadline = time.monotonic() + budget_s
     params = BreakerDeferParams(batch_limit=batch)
 
     def one_batch() -> int:
         with conn.transaction():
             return run_statement(conn, queries.BREAKER_DEFER, params).rowcount
 
-    return repeat_until_short(
-        one_batch, batch, lambda: time.monotonic() < deadline and keep_going())[0]
+    return repeat_until_short(one_batch, batch, within_budget(budget_s, keep_going))[0]
 
 
 def run_once(conn: Connection, settings: BreakerDeferSettings,

@@ -4,7 +4,6 @@ folded into one per minute and destination (engine/sql/fold_delivery_minutes.sql
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -12,6 +11,7 @@ from psycopg import Connection
 
 from engine import queries
 from engine.database import repeat_until_short, run_statement
+from engine.maintenance.budget import within_budget
 
 FOLD_MINUTES_BATCH = 5000
 FOLD_MINUTES_BUDGET_S = 5.0
@@ -37,15 +37,12 @@ def fold_delivery_minutes(
 ) -> int:
     """Fold the per-writer delivery_minutes rows of finished minutes, a batch per short
     transaction, for at most `budget_s`; returns the rows folded away."""
-    deadline = time.monotonic() + budget_s
-
     def one_batch() -> int:
         with conn.transaction():
             row = run_statement(conn, queries.FOLD_DELIVERY_MINUTES, (batch,)).fetchone()
         return int(row[0]) if row else 0
 
-    return repeat_until_short(
-        one_batch, batch, lambda: time.monotonic() < deadline and keep_going())[0]
+    return repeat_until_short(one_batch, batch, within_budget(budget_s, keep_going))[0]
 
 
 def run_once(conn: Connection, settings: FoldMinutesSettings,

@@ -5,7 +5,6 @@ each its own short transaction."""
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ from psycopg import Connection
 
 from engine import queries
 from engine.database import repeat_until_short, run_statement
+from engine.maintenance.budget import within_budget
 from engine.sql_params import RetentionBatchParams, RetentionMinutesParams
 
 RETENTION_BATCH = 1000
@@ -54,13 +54,9 @@ def run_retention(
     `budget_s` (the rest waits for the next run) and while `keep_going()`."""
     report = RetentionReport(retention_days=retention_days)
     cutoff = cutoff_for(conn, retention_days)
-    deadline = time.monotonic() + budget_s
     params = RetentionBatchParams(cutoff=cutoff, batch_limit=batch)
     minutes_params = RetentionMinutesParams(
         cutoff=cutoff, batch_limit=batch, kept_seconds=MINUTES_KEPT_S)
-
-    def in_budget() -> bool:
-        return not (time.monotonic() > deadline or not keep_going())
 
     def finished_batch() -> int:
         with conn.transaction():
@@ -71,21 +67,22 @@ def run_retention(
         report.batches += 1
         return removed
 
-    def events_batch() -> int:
-        with conn.transaction():
-            removed = run_statement(conn, queries.RETENTION_EVENTS, params).rowcount
-        report.events += removed
-        report.batches += 1
-        return removed
+    def rowcount_batch(statement: bytes, statement_params: tuple,
+                       counted: str) -> Callable[[], int]:
+        """A batch of `statement`, whose row count adds to the report's field `counted`."""
+        def one_batch() -> int:
+            with conn.transaction():
+                removed = run_statement(conn, statement, statement_params).rowcount
+            setattr(report, counted, getattr(report, counted) + removed)
+            report.batches += 1
+            return removed
+        return one_batch
 
-    def minutes_batch() -> int:
-        with conn.transaction():
-            removed = run_statement(conn, queries.RETENTION_MINUTES, minutes_params).rowcount
-        report.delivery_minutes += removed
-        report.batches += 1
-        return removed
-
-    for one_batch in (finished_batch, events_batch, minutes_batch):
+    in_budget = within_budget(budget_s, keep_going)
+    batches = (finished_batch,
+               rowcount_batch(queries.RETENTION_EVENTS, params, "events"),
+               rowcount_batch(queries.RETENTION_MINUTES, minutes_params, "delivery_minutes"))
+    for one_batch in batches:
         if not repeat_until_short(one_batch, batch, in_budget)[1]:
             report.complete = False
             return report

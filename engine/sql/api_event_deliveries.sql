@@ -1,14 +1,9 @@
 -- api_event_deliveries: an event's deliveries, queued and finished.
 --   $1 event id bigint
--- Returns the delivery columns engine/ingress/schemas.py `Delivery` takes, then completed_at
--- (NULL in the hot table); the same list in every api_*deliver*.sql.
-SELECT
-       id, event_id, destination_id, status::text, attempt, next_attempt_at, last_error,
-       created_at, NULL::timestamptz
-  FROM deliveries WHERE event_id = $1::bigint
- UNION ALL
-SELECT
-       id, event_id, destination_id, status::text, attempt, next_attempt_at, last_error,
+-- Returns the delivery columns engine/ingress/schemas.py `Delivery` takes, then completed_at:
+-- delivery_rows (schema/014), through each table's event_id index.
+SELECT id, event_id, destination_id, status, attempt, next_attempt_at, last_error,
        created_at, completed_at
-  FROM finished_deliveries WHERE event_id = $1::bigint
+  FROM delivery_rows
+ WHERE event_id = $1::bigint
  ORDER BY id

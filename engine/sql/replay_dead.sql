@@ -1,6 +1,6 @@
 -- replay_dead: move one bounded batch of a destination's dead deliveries back into the
--- queue as first attempts. The caller loops until a batch comes back short; each batch is
--- its own short transaction, never one giant one.
+-- queue as first attempts (requeue_finished, schema/014). The caller loops until a batch
+-- comes back short; each batch is its own short transaction, never one giant one.
 --   $1 destination_id bigint, $2 since timestamptz (NULL: any age),
 --   $3 until timestamptz (when the replay began: what dies again meanwhile is not
 --      replayed again by the same request), $4 batch limit int
@@ -13,15 +13,5 @@ WITH batch AS (
      ORDER BY completed_at
      LIMIT $4
        FOR UPDATE SKIP LOCKED
-), moved AS (
-    DELETE FROM finished_deliveries f USING batch WHERE f.id = batch.id RETURNING f.*
-), requeued AS (
-    INSERT INTO deliveries
-           (id, event_id, destination_id, status, attempt, next_attempt_at,
-            ordering_key, last_error, created_at)
-    SELECT id, event_id, destination_id, 'pending', 0, now(), ordering_key, last_error,
-           created_at
-      FROM moved
- RETURNING id
 )
-SELECT count(*) FROM requeued
+SELECT count(*) FROM requeue_finished(ARRAY(SELECT id FROM batch))

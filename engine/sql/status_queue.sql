@@ -1,7 +1,9 @@
--- status_queue: the queue at a glance (engine status). One row.
+-- status_queue: the queue's depth at a glance, one row: `engine status` and the console's
+-- overview (refreshed every few seconds). No parameters. The fan-out averages, which read
+-- a day of events, are status_fanout.sql's, which the console reads at most every few
+-- minutes (console_store.py).
 -- Counts over the hot table are cheap (it holds only the backlog); the dead count is an
--- index-only scan of finished_deliveries_dead_idx; fan-out compares the deliveries per
--- event of the last hour with the 24 hours before it (events_created_at_idx, BRIN).
+-- index-only scan of finished_deliveries_dead_idx.
 SELECT
     (SELECT count(*) FROM deliveries WHERE status = 'pending') AS pending,
     (SELECT count(*) FROM deliveries WHERE status = 'pending' AND next_attempt_at <= now())
@@ -15,9 +17,4 @@ SELECT
        FROM deliveries WHERE status = 'pending') AS oldest_pending_age_s,
     (SELECT extract(epoch FROM now() - min(next_attempt_at))::float8
        FROM deliveries WHERE status = 'pending' AND next_attempt_at <= now())
-        AS oldest_due_lag_s,
-    (SELECT avg(delivery_count)::float8 FROM events
-      WHERE created_at >= now() - interval '1 hour') AS fanout_last_hour,
-    (SELECT avg(delivery_count)::float8 FROM events
-      WHERE created_at >= now() - interval '25 hours'
-        AND created_at < now() - interval '1 hour') AS fanout_day_before
+        AS oldest_due_lag_s
