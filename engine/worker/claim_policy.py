@@ -13,13 +13,9 @@ from collections.abc import Iterable, Mapping
 
 from engine.domain import Claim, Result
 from engine.worker.outcome import utcnow
-from engine.worker.recorder import FLUSH_SIZE
 from engine.worker.slots import LEASE_SAFETY_MS, DestinationSlots
 
 CLAIM_CAP = 500  # most rows one claim takes (docs/decisions/0003-claim-cap-500.md)
-# No claim while this many results wait to be recorded: a slow database slows the
-# claiming instead of piling up outcomes in memory.
-UNRECORDED_LIMIT = 2 * FLUSH_SIZE
 POLL_INTERVAL_S = 1.0  # fallback when no NOTIFY comes (retries falling due, missed ones)
 # After a claim with rate-limited deliveries, the next claim comes within a token's time,
 # bounded: often enough that the second of send times a claim books ahead never runs out
@@ -88,10 +84,12 @@ class ClaimPolicy:
         self.left_out_at = -math.inf  # when left_out() chose them (monotonic)
         self.retry_due = math.inf  # monotonic time the earliest retry we recorded is due
 
-    def limit(self, held: int, unrecorded: int) -> int:
+    def limit(self, held: int, recording_backlogged: bool) -> int:
         """How many to claim now (0: wait for room). `held`: claims between claim and
-        result; `unrecorded`: results not yet recorded."""
-        if unrecorded >= UNRECORDED_LIMIT:
+        result. `recording_backlogged`: too many results wait to be recorded
+        (recorder.UNRECORDED_LIMIT): nothing is claimed, so that a slow database slows the
+        claiming instead of piling up outcomes in memory."""
+        if recording_backlogged:
             return 0
         free = self.capacity + self.prefetch - held
         if self.room(held) or (held == 0 and free > 0):

@@ -10,7 +10,8 @@ versa.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import math
+import time
 
 import psycopg
 from psycopg import sql
@@ -26,11 +27,23 @@ class DatabaseGone(Exception):
     """The drain deadline passed while the database could not be reached."""
 
 
+class DrainDeadline:
+    """Until when a worker keeps retrying the database: for ever until its drain begins
+    (`at`, monotonic time), then until the drain deadline."""
+
+    def __init__(self) -> None:
+        self.at = math.inf
+
+    def give_up_if_passed(self) -> None:
+        if time.monotonic() > self.at:
+            raise DatabaseGone
+
+
 async def connect(
-    dsn: str, worker: str, *, listen: bool, outage: Outage, give_up: Callable[[], None],
+    dsn: str, worker: str, *, listen: bool, outage: Outage, deadline: DrainDeadline,
 ) -> psycopg.AsyncConnection:
-    """Connect, retrying every RECONNECT_DELAY_S; `give_up` raises DatabaseGone once the
-    worker is draining and past its deadline."""
+    """Connect, retrying every RECONNECT_DELAY_S; raises DatabaseGone once the worker is
+    draining and past its deadline."""
     while True:
         try:
             conn = await psycopg.AsyncConnection.connect(
@@ -42,5 +55,5 @@ async def connect(
             return conn
         except psycopg.OperationalError as exc:
             outage.failed(exc, "connect")
-            give_up()
+            deadline.give_up_if_passed()
             await asyncio.sleep(RECONNECT_DELAY_S)
