@@ -44,9 +44,8 @@ NOTIFY_GATHER_S = 0.02
 IDLE_SLICE_S = 0.25  # an idle claimer looks at the drain flag this often
 # ...and this often whether a destination its last claim left out has answered since
 # (claim_policy.SLOW_SHARE): a fresh destination with a backlog is left out once it holds
-# its share with no answer yet, and the claim after its first answers takes its backlog.
-# Waiting for the poll instead kept a worker's slots mostly idle while such a destination
-# answered (docs/decisions/0010-adaptive-prefetch.md).
+# its share with no answer yet, and the claim after its first answers takes its backlog
+# (docs/decisions/0021-slow-and-silent-destinations-kept-to-a-share.md).
 LEFT_OUT_SLICE_S = 0.02
 SWEEP_INTERVAL_S = 1.0
 
