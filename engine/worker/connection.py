@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
@@ -40,10 +41,10 @@ class DrainDeadline:
 
 
 async def connect(
-    dsn: str, worker: str, *, listen: bool, outage: Outage, deadline: DrainDeadline,
+    dsn: str, worker: str, *, listen: bool, outage: Outage, give_up: Callable[[], None],
 ) -> psycopg.AsyncConnection:
-    """Connect, retrying every RECONNECT_DELAY_S; raises DatabaseGone once the worker is
-    draining and past its deadline."""
+    """Connect, retrying every RECONNECT_DELAY_S; `give_up` raises DatabaseGone once the
+    worker is draining and past its deadline (DrainDeadline.give_up_if_passed)."""
     while True:
         try:
             conn = await psycopg.AsyncConnection.connect(
@@ -55,5 +56,5 @@ async def connect(
             return conn
         except psycopg.OperationalError as exc:
             outage.failed(exc, "connect")
-            deadline.give_up_if_passed()
+            give_up()
             await asyncio.sleep(RECONNECT_DELAY_S)

@@ -153,12 +153,14 @@ class SlotDispatcher:
     def _start(self, claim: Claim, slots: DestinationSlots) -> bool:
         """Send one claim in a slot of its destination; False if it failed before any HTTP
         (its result is recorded: it is done, and the slot stays free)."""
-        if not self.send(claim):
-            self.held -= 1
-            return False
         slots.started[claim.id] = self.clock()
         self.sending += 1
-        return True
+        if self.send(claim):
+            return True
+        del slots.started[claim.id]
+        self.sending -= 1
+        self.held -= 1
+        return False
 
     # Answers
 

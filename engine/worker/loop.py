@@ -155,7 +155,7 @@ class DeliveryWorker:
 
     async def _connect(self) -> psycopg.AsyncConnection:
         return await connect(self.dsn, self.worker, listen=True, outage=self.outage,
-                             deadline=self.drain_deadline)
+                             give_up=self.drain_deadline.give_up_if_passed)
 
     # Claiming
 

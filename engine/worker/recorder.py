@@ -85,7 +85,7 @@ class ResultRecorder:
 
     async def _connect(self) -> psycopg.AsyncConnection:
         return await connect(self.dsn, self.worker, listen=False, outage=self.outage,
-                             deadline=self.deadline)
+                             give_up=self.deadline.give_up_if_passed)
 
     @property
     def unrecorded(self) -> int:

@@ -1,5 +1,5 @@
-"""Per-destination concurrency in one worker: requests running and claims waiting for a
-slot under their destination's max_in_flight (or for any free slot, in `ready`)."""
+"""Per-destination concurrency in one worker: requests running, claims waiting for a
+slot under their destination's max_in_flight, and spares (dispatcher.py keeps them)."""
 
 from __future__ import annotations
 
