@@ -51,6 +51,7 @@ class Handover(NamedTuple):
 
 
 NO_HANDOVER = Handover()
+SLOT_GIVEN_BACK = Handover(returns_slot=True)
 
 
 class SlotDispatcher:
@@ -188,7 +189,7 @@ class SlotDispatcher:
         cap = claim.max_in_flight
         if not (holds_cap_slot and cap is not None and cap <= self.small_cap and delivered
                 and not self.stopping and not slow):
-            return Handover(returns_slot=True) if holds_cap_slot else NO_HANDOVER
+            return SLOT_GIVEN_BACK if holds_cap_slot else NO_HANDOVER
         destination = claim.destination_id
         spares_for = (destination, cap) if answer_ms >= SPARES_ANSWER_MS else None
         spare = self._send_spare(self.destinations[destination])
