@@ -54,10 +54,11 @@ def test_worker_delivers_to_the_address_it_checked_and_pinned(
         running = asyncio.ensure_future(worker.run())
         deadline = time.monotonic() + DEADLINE_S
         try:
-            while worker.answered < TOTAL and not running.done():
+            while worker.dispatcher.answered < TOTAL and not running.done():
                 if time.monotonic() > deadline:
                     raise AssertionError(
-                        f"{worker.answered} of {TOTAL} requests answered in {DEADLINE_S} s")
+                        f"{worker.dispatcher.answered} of {TOTAL} requests answered"
+                        f" in {DEADLINE_S} s")
                 await asyncio.sleep(0.01)
         finally:
             worker.begin_drain()

@@ -22,7 +22,7 @@ from engine.queue import Claim
 from engine.signing import generate_secret
 from engine.testing.fakedest import FakeDestination
 from engine.worker import DeliveryWorker, outcome
-from engine.worker.loop import SPARES_PER_SLOT
+from engine.worker.dispatcher import SPARES_PER_SLOT
 from engine.worker.recorder import FLUSH_INTERVAL_S, SLOT_FLUSH_INTERVAL_S
 from engine.worker.slots import DestinationSlots
 from tests.kit.data import add_destination, count, enqueue, finished
@@ -175,8 +175,8 @@ def test_max_in_flight_bounds_the_requests_while_a_worker_prefetches(
     async def deliver_all(worker: DeliveryWorker) -> int:
         running = asyncio.ensure_future(worker.run())
         most_ready = 0
-        while worker.answered < total and not running.done():
-            most_ready = max(most_ready, len(worker.ready))
+        while worker.dispatcher.answered < total and not running.done():
+            most_ready = max(most_ready, len(worker.dispatcher.ready))
             await asyncio.sleep(0.001)
         worker.begin_drain()
         await running  # records what was answered, and raises what the worker raised
@@ -264,25 +264,29 @@ def test_a_long_run_of_unsignable_ready_claims_each_fails_once() -> None:
     # it frees: each must fail on its own, not by recursing into the next one.
     async def scenario() -> DeliveryWorker:
         worker = DeliveryWorker(load_settings(retry_schedule="1s"), "postgresql://unused")
-        worker.loop = worker.recorder.loop = asyncio.get_running_loop()
-        worker.room = asyncio.Event()
-        worker.capacity, worker.sending = 1, 0  # the one slot's request just answered
+        worker.recorder.loop = asyncio.get_running_loop()
+        dispatcher = worker.dispatcher
+        dispatcher.capacity = 1
         runs = 3000
-        worker.ready.extend(
+        dispatcher.ready.extend(
             (Claim(i, i, 1, 1, "http://127.0.0.1:9/", 1000, ["not-a-secret"], "{}"), 0.0)
             for i in range(runs))
-        worker.held = runs + 1
-        slots = worker.destinations[1] = DestinationSlots()
-        slots.active = 1
-        worker._finished(slots, 1)
+        running = Claim(runs, runs, 1, 1, "http://127.0.0.1:9/", 1000, [], "{}")
+        slots = dispatcher.destinations[1] = DestinationSlots()
+        slots.started[running.id] = 0.0  # the one slot's request
+        dispatcher.held, dispatcher.sending = runs + 1, 1
+        dispatcher.request_ended(running)  # ...just answered
+        dispatcher.finished(running)
         await asyncio.sleep(0.05)
         return worker
 
     worker = asyncio.run(scenario())
-    assert (worker.held, len(worker.ready), worker.sending) == (0, 0, 0)
-    assert len(worker.results) == 3000
+    dispatcher = worker.dispatcher
+    assert (dispatcher.held, len(dispatcher.ready), dispatcher.sending) == (0, 0, 0)
+    assert dispatcher.destinations == {}
+    assert len(worker.recorder.results) == 3000
     assert all(r.outcome == "retry" and (r.error or "").startswith("signing: ")
-               for r in worker.results)
+               for r in worker.recorder.results)
 
 
 def test_a_result_comes_in_while_the_pending_flush_is_a_plain_handle() -> None:
@@ -294,7 +298,7 @@ def test_a_result_comes_in_while_the_pending_flush_is_a_plain_handle() -> None:
     flushed."""
     async def scenario() -> DeliveryWorker:
         worker = DeliveryWorker(load_settings(retry_schedule="1s"), "postgresql://unused")
-        loop = worker.loop = worker.recorder.loop = asyncio.get_running_loop()
+        loop = worker.recorder.loop = asyncio.get_running_loop()
         recorder = worker.recorder
         recorder.flush_due = loop.time() - 0.001
         recorder.flush_timer = loop.call_at(recorder.flush_due, recorder.flush_wanted.set)
@@ -357,24 +361,27 @@ def test_an_answer_that_hands_its_slot_to_a_spare_waits_for_the_usual_flush() ->
         worker.room = asyncio.Event()
         worker.http_idle = asyncio.Event()
         worker.http = CurlPools(worker.capacity)
-        slots = worker.destinations[7] = DestinationSlots()
+        dispatcher, recorder = worker.dispatcher, worker.recorder
+        slots = dispatcher.destinations[7] = DestinationSlots()
         answered = HttpResult(200, b"{}", None, 100.0, None, 0.0)
         source, spare = capped(1, url, fills_cap=True, holds_slot=True), capped(2, url)
-        slots.active = 1
+        slots.started[source.id] = time.monotonic()
         slots.spares.append((spare, time.monotonic()))
-        worker.held = worker.sending = 2
-        worker._on_response(source, slots, answered)
-        handed_flush = worker.recorder.flush_due - loop.time()
-        assert worker.handed_to == {spare.id} and slots.active == 1
-        assert worker.results[-1].slot_to == spare.id
-        assert worker.recorder.slot_results == 0
-        assert worker._spares_wanted({7: cap}) == {7: SPARES_PER_SLOT * cap}
+        dispatcher.held, dispatcher.sending = 2, 1
+        worker._on_response(source, answered)
+        handed_flush = recorder.flush_due - loop.time()
+        assert dispatcher.handed_to == {spare.id} and list(slots.started) == [spare.id]
+        assert recorder.results[-1].slot_to == spare.id
+        assert recorder.slot_results == 0
+        assert dispatcher.spares_wanted({7: cap}) == {7: SPARES_PER_SLOT * cap}
         # No spare left: the next success gives its slot back for the write to refill.
         other = capped(3, url, fills_cap=True, holds_slot=True)
-        slots.active += 1
-        worker._on_response(other, slots, answered)
-        given_back_flush = worker.recorder.flush_due - loop.time()
-        assert worker.recorder.refill == {7: 1} and worker.recorder.slot_results == 1
+        slots.started[other.id] = time.monotonic()
+        dispatcher.held += 1
+        dispatcher.sending += 1
+        worker._on_response(other, answered)
+        given_back_flush = recorder.flush_due - loop.time()
+        assert recorder.refill == {7: 1} and recorder.slot_results == 1
         await asyncio.wait_for(worker.http_idle.wait(), 10)  # the spare's own answer
         await worker.http.close()
         return handed_flush, given_back_flush

@@ -13,13 +13,9 @@ from collections.abc import Iterable, Mapping
 
 from engine.domain import Claim, Result
 from engine.worker.outcome import utcnow
-from engine.worker.recorder import FLUSH_SIZE
 from engine.worker.slots import LEASE_SAFETY_MS, DestinationSlots
 
 CLAIM_CAP = 500  # most rows one claim takes (docs/decisions/0003-claim-cap-500.md)
-# No claim while this many results wait to be recorded: a slow database slows the
-# claiming instead of piling up outcomes in memory.
-UNRECORDED_LIMIT = 2 * FLUSH_SIZE
 POLL_INTERVAL_S = 1.0  # fallback when no NOTIFY comes (retries falling due, missed ones)
 # After a claim with rate-limited deliveries, the next claim comes within a token's time,
 # bounded: often enough that the second of send times a claim books ahead never runs out
@@ -33,7 +29,8 @@ RATE_RECHECK_MAX_S = 0.5
 # come). When a claim that left such destinations out comes back empty, nobody else is
 # waiting, and the next claim takes them as well: a slow destination alone still gets
 # every slot it needs. (Empty, not merely short: under a steady healthy load most claims
-# are short, and a dead endpoint would get in again.)
+# are short, and a dead endpoint would get in again.) This and the three below:
+# docs/decisions/0021-slow-and-silent-destinations-kept-to-a-share.md.
 SLOW_SHARE = 1 / 8
 # ...but only once the other destinations have had nothing to claim for this long. A
 # steady trickle of healthy traffic has gaps, and a claim that found nothing in one of
@@ -44,15 +41,13 @@ OTHERS_IDLE_S = 1.0
 # slots answers several times a second, so it is never silent): while it holds its share
 # it is left out like a silent one, and a claim's deliveries beyond its share are given
 # back at once instead of waiting seconds for its slots. Its backlog, piled up while it
-# was left out, would otherwise fill every free slot the moment its share came back
-# (bench/run.sh slow-destination: one 5 s endpoint held all 64 slots and cut the healthy
-# destination beside it to 0.38x). Far above what a starved CPU adds to a fast
-# endpoint's answers; a faster answer makes it normal again.
+# was left out, would otherwise fill every free slot the moment its share came back. Far
+# above what a starved CPU adds to a fast endpoint's answers; a faster answer makes it
+# normal again.
 SLOW_ANSWER_S = 2.0
 # Slow destinations together (those above, and those whose requests ran out their timeout
 # unanswered) hold at most this share of the slots while others have work: fifty dead
-# endpoints with one request each are as harmful as one with fifty (bench/run.sh
-# dead-destination: the healthy destination beside them fell to 0.08-0.18x).
+# endpoints with one request each are as harmful as one with fifty.
 SLOW_GROUP_SHARE = 1 / 4
 
 
@@ -65,10 +60,10 @@ class ClaimPolicy:
         self.threshold = max(1, min(capacity, CLAIM_CAP) // 8)
         # Claims held beyond the free slots, waiting in `ready` for one: twice as many as
         # requests got answered while the last claim ran, at most a claim's worth. With a
-        # fast destination the claims, not the HTTP, are what the slots wait for (a claim
-        # of 500 takes 8-30 ms on a busy machine, its requests are answered sooner): the
-        # next batch is then here when an answer frees a slot. With slow answers it stays
-        # near zero, and a worker whose slots are all busy leaves the backlog to others
+        # fast destination the claims, not the HTTP, are what the slots wait for (its
+        # requests are answered before the next claim returns): the next batch is then
+        # here when an answer frees a slot. With slow answers it stays near zero, and a
+        # worker whose slots are all busy leaves the backlog to others
         # (docs/decisions/0010-adaptive-prefetch.md).
         self.prefetch = 0
         self.slow_share = max(1, int(capacity * SLOW_SHARE))
@@ -88,10 +83,12 @@ class ClaimPolicy:
         self.left_out_at = -math.inf  # when left_out() chose them (monotonic)
         self.retry_due = math.inf  # monotonic time the earliest retry we recorded is due
 
-    def limit(self, held: int, unrecorded: int) -> int:
+    def limit(self, held: int, recording_backlogged: bool) -> int:
         """How many to claim now (0: wait for room). `held`: claims between claim and
-        result; `unrecorded`: results not yet recorded."""
-        if unrecorded >= UNRECORDED_LIMIT:
+        result. `recording_backlogged`: too many results wait to be recorded
+        (recorder.UNRECORDED_LIMIT): nothing is claimed, so that a slow database slows the
+        claiming instead of piling up outcomes in memory."""
+        if recording_backlogged:
             return 0
         free = self.capacity + self.prefetch - held
         if self.room(held) or (held == 0 and free > 0):
@@ -211,7 +208,7 @@ class ClaimPolicy:
         OTHERS_IDLE_S. A left-out destination's own claims do not count: a fresh slow
         destination's first claim is what made it hold its share, and counted as the
         others' traffic it kept itself left out for OTHERS_IDLE_S while nobody else had
-        work (bench drain-slow: 1,000 of 2,048 slots used until its first answers)."""
+        work (decision 0021)."""
         claimed_at = self.claimed_at
         for destination in [d for d, at in claimed_at.items() if now - at >= OTHERS_IDLE_S]:
             del claimed_at[destination]

@@ -10,6 +10,8 @@ versa.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Callable
 
 import psycopg
@@ -26,11 +28,23 @@ class DatabaseGone(Exception):
     """The drain deadline passed while the database could not be reached."""
 
 
+class DrainDeadline:
+    """Until when a worker keeps retrying the database: for ever until its drain begins
+    (`at`, monotonic time), then until the drain deadline."""
+
+    def __init__(self) -> None:
+        self.at = math.inf
+
+    def give_up_if_passed(self) -> None:
+        if time.monotonic() > self.at:
+            raise DatabaseGone
+
+
 async def connect(
     dsn: str, worker: str, *, listen: bool, outage: Outage, give_up: Callable[[], None],
 ) -> psycopg.AsyncConnection:
     """Connect, retrying every RECONNECT_DELAY_S; `give_up` raises DatabaseGone once the
-    worker is draining and past its deadline."""
+    worker is draining and past its deadline (DrainDeadline.give_up_if_passed)."""
     while True:
         try:
             conn = await psycopg.AsyncConnection.connect(

@@ -3,17 +3,17 @@
 A batch is flushed when FLUSH_SIZE results wait, or FLUSH_INTERVAL_S after the first of
 them (SLOT_FLUSH_INTERVAL_S when one gives a capped destination's slot back). The write
 of a batch with successes that give such slots back also claims the next deliveries for
-those slots and spares (refill_slots.sql), handed to the worker with the batch. Recording
-retries through database outages: outcomes are not dropped (if this process dies
-meanwhile, the supervisor or the reaper returns the claims). Backpressure: the claim
-policy claims nothing while `unrecorded` reaches its limit, so a slow database slows the
-claiming instead of piling up outcomes in memory.
+those slots and spares (refill_slots.sql); `write` returns them. Recording retries
+through database outages: outcomes are not dropped (if this process dies meanwhile, the
+supervisor or the reaper returns the claims). Backpressure: the claim policy claims
+nothing while the recorder is `backlogged`, so a slow database slows the claiming instead
+of piling up outcomes in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 import msgspec
 import psycopg
@@ -22,53 +22,52 @@ from engine import queue_async
 from engine.domain import BreakerSettings, Claim, Result
 from engine.liveness import closed_by_server
 from engine.oplog import Outage
-from engine.worker.connection import RECONNECT_DELAY_S
+from engine.worker.connection import RECONNECT_DELAY_S, DrainDeadline, connect
 
 FLUSH_SIZE = 500
 FLUSH_INTERVAL_S = 0.05
 # A result that gives back a slot of a destination its claim filled up to max_in_flight is
 # recorded at once instead (when the write before it is done): until it is, the slot stays
-# taken in the database, and the write is what refills it (refill_slots.sql). At 50 ms,
-# with destinations capped at 5 answering in 100 ms (bench capped-slow), slots stood idle
-# a third of the time; at 5 ms, with the refill, 0.80 of the 5,000/s ceiling, and at once
-# 0.85 (embedded PostgreSQL 18, 2026-12-02). Only then: a cap that is far from full loses
-# nothing by waiting, and ten times the record statements would cost it.
+# taken in the database, and the write is what refills it (refill_slots.sql). Only then:
+# a cap that is far from full loses nothing by waiting, and ten times the record
+# statements would cost it (docs/decisions/0015-capped-slots-refilled-by-the-result-write.md).
 SLOT_FLUSH_INTERVAL_S = 0.0
+# No claim while this many results wait to be recorded (`backlogged`).
+UNRECORDED_LIMIT = 2 * FLUSH_SIZE
+
+
+class Batch(NamedTuple):
+    """Results taken for one write, and what the write is to claim with them."""
+
+    results: list[Result]
+    returns_slots: bool  # some give capped destinations' slots back
+    refill: dict[int, int]  # destination id -> slots the write is to claim again
+    spares_for: dict[int, int]  # destinations whose results asked for spares -> their cap
 
 
 class ResultRecorder:
-    """Collects results (`add`) and records them in batches (`run`, the flush loop).
-
-    `on_recorded(batch, returned_slots, refilled, took_s)` is called after each batch is
-    written; `returned_slots` says whether it gave capped destinations' slots back,
-    `refilled` has the claims that took them again and the spares, and `took_s` how
-    long the write took (the claims' leases ran meanwhile). `spares_wanted(caps)` says
-    how many spares to claim for each destination whose results asked for them (id ->
-    its max_in_flight)."""
+    """Collects results (`add`) and writes them in batches: `next_batch` waits for the
+    next flush and takes what is waiting, `write` records it and returns the claims the
+    write brought back (refilled slots and spares)."""
 
     def __init__(
-        self, worker: str, breaker: BreakerSettings, lease_ms: int,
-        connect: Callable[[], Awaitable[psycopg.AsyncConnection]], outage: Outage,
-        give_up: Callable[[], None],
-        on_recorded: Callable[[list[Result], bool, list[Claim], float], None],
-        spares_wanted: Callable[[dict[int, int]], dict[int, int]],
+        self, dsn: str, worker: str, breaker: BreakerSettings, lease_ms: int, outage: Outage,
+        deadline: DrainDeadline,
     ) -> None:
+        self.dsn = dsn
         self.worker = worker
         self.breaker = breaker
         self.lease_ms = lease_ms
-        self.connect = connect
         self.outage = outage
-        self.give_up = give_up  # raises DatabaseGone after the drain deadline
-        self.on_recorded = on_recorded
-        self.spares_wanted = spares_wanted
+        self.deadline = deadline  # past it, a draining worker stops retrying the database
         self.results: list[Result] = []
         self.flushing = 0  # results of the batch being written
         self.flush_wanted = asyncio.Event()
         # The pending flush, if any, and when it is due. The due time is kept here, not
         # read back with TimerHandle.when(): uvloop's call_at returns a plain Handle
         # (no when()) for a time less than half a millisecond ahead, which a worker
-        # preempted between computing the time and scheduling it reaches (a loaded
-        # machine, 2026-12-02: every later result then raised, and its slots leaked).
+        # preempted between computing the time and scheduling it reaches (on a loaded
+        # machine every later result then raised, and its slots leaked).
         self.flush_timer: asyncio.Handle | None = None
         self.flush_due = 0.0
         self.slot_results = 0  # results waiting that give a capped destination's slot back
@@ -82,22 +81,44 @@ class ResultRecorder:
 
     async def open(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.conn = await self.connect()
+        self.conn = await self._connect()
+
+    async def _connect(self) -> psycopg.AsyncConnection:
+        return await connect(self.dsn, self.worker, listen=False, outage=self.outage,
+                             give_up=self.deadline.give_up_if_passed)
 
     @property
     def unrecorded(self) -> int:
         return len(self.results) + self.flushing
 
+    @property
+    def backlogged(self) -> bool:
+        return self.unrecorded >= UNRECORDED_LIMIT
+
     def add(self, result: Result, *, returns_slot: bool = False,
             refill_destination: int | None = None,
             spares_for: tuple[int, int] | None = None) -> None:
-        """`refill_destination`: the result gives back a slot of this capped destination
-        that the write may claim again for this worker (a success, the worker not
-        draining). `spares_for`: the write is to claim spares for this destination
-        (its id and max_in_flight)."""
+        """`returns_slot`: the result gives back a capped destination's slot (written at
+        once). `refill_destination`: the write may claim that slot again for this worker
+        (a success, the worker not draining). `spares_for`: the write is to claim spares
+        for this destination (its id and max_in_flight).
+
+        A result that hands its slot on (`slot_to`) from a spare whose own slot came from
+        a result still waiting here hands it through that result instead: in one
+        statement a chain of handovers cannot apply (the spare's row holds the slot only
+        once the statement is done), and the spare, answered, needs no slot. A result
+        already being written comes first, and the spare's own result hands the slot on
+        (record_results.sql refuses it if the spare never got it)."""
         results = self.results
         if result.slot_to is not None:
-            self.handing[result.slot_to] = len(results)
+            source = self.handing.pop(result.id, None)
+            if source is not None:
+                results[source] = msgspec.structs.replace(
+                    results[source], slot_to=result.slot_to, slot_to_token=result.slot_to_token)
+                self.handing[result.slot_to] = source
+                result = msgspec.structs.replace(result, slot_to=None, slot_to_token=None)
+            else:
+                self.handing[result.slot_to] = len(results)
         results.append(result)
         if refill_destination is not None:
             refill = self.refill
@@ -117,29 +138,14 @@ class ResultRecorder:
             self.flush_timer = self.loop.call_at(due, self.flush_wanted.set)
             self.flush_due = due
 
-    def pass_on(self, spare_id: int, to: Claim) -> bool:
-        """The spare `spare_id` was answered and hands its slot on to `to`, another spare.
-        If the result that handed the slot to it is still waiting here, that result
-        hands it to `to` instead, and True is returned: in one statement a chain of
-        handovers cannot apply (the spare's row does not hold the slot until the
-        statement is done), and the spare, answered, needs no slot. Otherwise that
-        result is being written or was, and comes first: the spare's own result hands
-        the slot on (record_results.sql refuses it if the spare never got it)."""
-        index = self.handing.pop(spare_id, None)
-        if index is None:
-            return False
-        results = self.results
-        results[index] = msgspec.structs.replace(results[index], slot_to=to.id,
-                                                 slot_to_token=to.claim_token)
-        self.handing[to.id] = index
-        return True
-
     def close(self) -> None:
-        """Record what is left and end `run` (the worker is draining)."""
+        """Flush what is left at once, and end the batches after it (the worker is
+        draining)."""
         self.closing = True
         self.flush_wanted.set()
 
-    async def run(self) -> None:
+    async def next_batch(self) -> Batch | None:
+        """The results waiting when the next flush is due; None once closed and empty."""
         while True:
             if not self.closing:
                 await self.flush_wanted.wait()
@@ -148,20 +154,22 @@ class ResultRecorder:
                 self.flush_timer.cancel()
                 self.flush_timer = None
             if self.results:
-                batch, self.results = self.results, []
-                returned_slots, self.slot_results = self.slot_results, 0
-                refill, self.refill = self.refill, {}
-                spares_for, self.spares_for = self.spares_for, {}
+                batch = Batch(self.results, self.slot_results > 0, self.refill,
+                              self.spares_for)
+                self.results, self.slot_results, self.refill, self.spares_for = [], 0, {}, {}
                 self.handing = {}
-                spares = self.spares_wanted(spares_for) if spares_for else {}
-                self.flushing = len(batch)
-                started = self.loop.time()
-                refilled = await self._record(batch, refill, spares)
-                self.flushing = 0
-                self.on_recorded(batch, returned_slots > 0, refilled,
-                                 self.loop.time() - started)
-            elif self.closing:
-                return
+                self.flushing = len(batch.results)
+                return batch
+            if self.closing:
+                return None
+
+    async def write(self, batch: Batch, spares: dict[int, int]) -> list[Claim]:
+        """Record `batch`, refill the slots it gives back and claim `spares` (destination
+        id -> how many); the claims so brought back."""
+        try:
+            return await self._record(batch.results, batch.refill, spares)
+        finally:
+            self.flushing = 0
 
     async def _record(self, batch: list[Result], refill: dict[int, int],
                       spares: dict[int, int]) -> list[Claim]:
@@ -172,7 +180,7 @@ class ResultRecorder:
                 # Idle through a database restart: reconnect before use, not after a failure
                 # whose outcome (written or not) would be unknown.
                 await self.conn.close()
-                self.conn = await self.connect()
+                self.conn = await self._connect()
             try:
                 refilled: list[Claim] = []
                 if (refill or spares) and not self.closing:
@@ -186,7 +194,7 @@ class ResultRecorder:
                 return refilled
             except psycopg.OperationalError as exc:
                 self.outage.failed(exc, "record")
-                self.give_up()
+                self.deadline.give_up_if_passed()
                 await self.conn.close()
                 await asyncio.sleep(RECONNECT_DELAY_S)
-                self.conn = await self.connect()
+                self.conn = await self._connect()

@@ -1,5 +1,5 @@
-"""Per-destination concurrency in one worker: requests running and claims waiting for a
-slot under their destination's max_in_flight (or for any free slot, in `ready`)."""
+"""Per-destination concurrency in one worker: requests running, claims waiting for a
+slot under their destination's max_in_flight, and spares (dispatcher.py keeps them)."""
 
 from __future__ import annotations
 
@@ -20,18 +20,23 @@ Waiting = deque[tuple[Claim, float]]
 
 
 class DestinationSlots:
-    """Local per-destination concurrency: requests running, claims waiting for a slot,
-    and spares: claims that hold no slot under max_in_flight until an answer hands them
-    one (refill_slots.sql; DeliveryWorker._hand_over)."""
+    """Local per-destination concurrency: requests running (`started`: their count is the
+    slots taken), claims waiting for a slot, and spares: claims that hold no slot under
+    max_in_flight until an answer hands them one (refill_slots.sql;
+    SlotDispatcher.hand_over). Kept by engine/worker/dispatcher.py alone."""
 
-    __slots__ = ("active", "cap", "spares", "started", "waiting")
+    __slots__ = ("cap", "spares", "started", "waiting")
 
     def __init__(self) -> None:
-        self.active = 0
         self.cap: int | None = None
         self.waiting: Waiting = deque()
         self.spares: Waiting = deque()
         self.started: dict[int, float] = {}  # delivery id -> when its request began
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of this destination is running or waiting here."""
+        return not self.started and not self.waiting and not self.spares
 
     def piling_up(self, share: int, now: float, answered_at: float | None,
                   slow: bool = False) -> bool:
