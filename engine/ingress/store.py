@@ -7,14 +7,17 @@ import msgspec
 from psycopg import AsyncConnection
 
 from engine import queries
-from engine.database import run_statement_async
 from engine.destination_options import format_duration
 from engine.ingress.schemas import Attempt, Delivery, DeliveryDetail, Destination, Event
+from engine.queries import Statement
 from engine.sql_params import (
     ApiDeliveriesListParams,
     ApiDestinationCreateParams,
     ApiDestinationDeliveriesListParams,
     ApiDestinationPatchParams,
+    DeliveryIdParams,
+    DestinationIdParams,
+    EventIdParams,
 )
 
 _json = msgspec.json.Encoder()
@@ -52,14 +55,14 @@ def _destination(row: tuple, with_secret: bool = False) -> Destination:
     return destination
 
 
-async def _fetchone(conn: AsyncConnection, statement: bytes, params: tuple) -> tuple | None:
-    cursor = await run_statement_async(conn, statement, params)
-    return await cursor.fetchone()
+async def _fetchone(conn: AsyncConnection, statement: Statement, params: tuple | None
+                    ) -> tuple | None:
+    return await (await statement.run(conn, params)).fetchone()
 
 
-async def _fetchall(conn: AsyncConnection, statement: bytes, params: tuple) -> list[tuple]:
-    cursor = await run_statement_async(conn, statement, params)
-    return await cursor.fetchall()
+async def _fetchall(conn: AsyncConnection, statement: Statement, params: tuple | None
+                    ) -> list[tuple]:
+    return await (await statement.run(conn, params)).fetchall()
 
 
 async def create_destination(
@@ -79,11 +82,12 @@ async def create_destination(
 
 
 async def list_destinations(conn: AsyncConnection) -> list[Destination]:
-    return [_destination(row) for row in await _fetchall(conn, queries.API_DESTINATIONS_LIST, ())]
+    return [_destination(row) for row in await _fetchall(conn, queries.API_DESTINATIONS_LIST, None)]
 
 
 async def read_destination(conn: AsyncConnection, destination_id: int) -> Destination | None:
-    row = await _fetchone(conn, queries.API_DESTINATION_READ, (destination_id,))
+    row = await _fetchone(conn, queries.API_DESTINATION_READ,
+                           DestinationIdParams(destination_id=destination_id))
     return _destination(row) if row else None
 
 
@@ -114,14 +118,16 @@ async def patch_destination(
 
 
 async def delete_destination(conn: AsyncConnection, destination_id: int) -> bool:
-    return await _fetchone(conn, queries.API_DESTINATION_DELETE, (destination_id,)) is not None
+    return await _fetchone(conn, queries.API_DESTINATION_DELETE,
+                           DestinationIdParams(destination_id=destination_id)) is not None
 
 
 async def read_event(conn: AsyncConnection, event_id: int) -> Event | None:
-    row = await _fetchone(conn, queries.API_EVENT_READ, (event_id,))
+    event = EventIdParams(event_id=event_id)
+    row = await _fetchone(conn, queries.API_EVENT_READ, event)
     if row is None:
         return None
-    rows = await _fetchall(conn, queries.API_EVENT_DELIVERIES, (event_id,))
+    rows = await _fetchall(conn, queries.API_EVENT_DELIVERIES, event)
     deliveries = [Delivery(*r) for r in rows]
     event_id, type_, payload, ordering_key, idempotency_key, created_at = row
     return Event(
@@ -151,15 +157,17 @@ async def list_deliveries(
 
 
 async def read_delivery(conn: AsyncConnection, delivery_id: int) -> DeliveryDetail | None:
-    row = await _fetchone(conn, queries.API_DELIVERY_READ, (delivery_id,))
+    delivery = DeliveryIdParams(delivery_id=delivery_id)
+    row = await _fetchone(conn, queries.API_DELIVERY_READ, delivery)
     if row is None:
         return None
-    rows = await _fetchall(conn, queries.API_DELIVERY_ATTEMPTS, (delivery_id,))
+    rows = await _fetchall(conn, queries.API_DELIVERY_ATTEMPTS, delivery)
     attempts = [Attempt(*r) for r in rows]
     return DeliveryDetail(*row, attempts=attempts)
 
 
 async def read_delivery_row(conn: AsyncConnection, delivery_id: int) -> Delivery | None:
-    row = await _fetchone(conn, queries.API_DELIVERY_READ, (delivery_id,))
+    row = await _fetchone(conn, queries.API_DELIVERY_READ,
+                          DeliveryIdParams(delivery_id=delivery_id))
     return Delivery(*row) if row else None
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from psycopg import Connection
 
 from engine import queries
-from engine.database import repeat_until_short, run_statement
+from engine.database import repeat_until_short
 from engine.sql_params import BreakerDeferParams
 
 BREAKER_DEFER_BATCH = 1000
@@ -40,7 +40,7 @@ def defer_open_breakers(
 
     def one_batch() -> int:
         with conn.transaction():
-            return run_statement(conn, queries.BREAKER_DEFER, params).rowcount
+            return queries.BREAKER_DEFER.run_sync(conn, params).rowcount
 
     return repeat_until_short(
         one_batch, batch, lambda: time.monotonic() < deadline and keep_going())[0]

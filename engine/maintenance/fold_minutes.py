@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from psycopg import Connection
 
 from engine import queries
-from engine.database import repeat_until_short, run_statement
+from engine.database import repeat_until_short
+from engine.sql_params import FoldDeliveryMinutesParams
 
 FOLD_MINUTES_BATCH = 5000
 FOLD_MINUTES_BUDGET_S = 5.0
@@ -38,10 +39,11 @@ def fold_delivery_minutes(
     """Fold the per-writer delivery_minutes rows of finished minutes, a batch per short
     transaction, for at most `budget_s`; returns the rows folded away."""
     deadline = time.monotonic() + budget_s
+    params = FoldDeliveryMinutesParams(batch_limit=batch)
 
     def one_batch() -> int:
         with conn.transaction():
-            row = run_statement(conn, queries.FOLD_DELIVERY_MINUTES, (batch,)).fetchone()
+            row = queries.FOLD_DELIVERY_MINUTES.run_sync(conn, params).fetchone()
         return int(row[0]) if row else 0
 
     return repeat_until_short(

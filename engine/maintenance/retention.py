@@ -12,8 +12,12 @@ from dataclasses import dataclass
 from psycopg import Connection
 
 from engine import queries
-from engine.database import repeat_until_short, run_statement
-from engine.sql_params import RetentionBatchParams, RetentionMinutesParams
+from engine.database import repeat_until_short
+from engine.sql_params import (
+    RetentionBatchParams,
+    RetentionCutoffParams,
+    RetentionMinutesParams,
+)
 
 RETENTION_BATCH = 1000
 # delivery_minutes rows are kept this long (unless the retention cutoff is sooner): the
@@ -41,7 +45,8 @@ class RetentionReport:
 
 
 def cutoff_for(conn: Connection, retention_days: float) -> dt.datetime:
-    row = run_statement(conn, queries.RETENTION_CUTOFF, (retention_days * 86400.0,)).fetchone()
+    row = queries.RETENTION_CUTOFF.run_sync(
+        conn, RetentionCutoffParams(retention_seconds=retention_days * 86400.0)).fetchone()
     assert row is not None
     return row[0]
 
@@ -64,7 +69,7 @@ def run_retention(
 
     def finished_batch() -> int:
         with conn.transaction():
-            row = run_statement(conn, queries.RETENTION_FINISHED, params).fetchone()
+            row = queries.RETENTION_FINISHED.run_sync(conn, params).fetchone()
         removed = int(row[0]) if row else 0
         report.finished_deliveries += removed
         report.delivery_attempts += int(row[1]) if row else 0
@@ -73,14 +78,14 @@ def run_retention(
 
     def events_batch() -> int:
         with conn.transaction():
-            removed = run_statement(conn, queries.RETENTION_EVENTS, params).rowcount
+            removed = queries.RETENTION_EVENTS.run_sync(conn, params).rowcount
         report.events += removed
         report.batches += 1
         return removed
 
     def minutes_batch() -> int:
         with conn.transaction():
-            removed = run_statement(conn, queries.RETENTION_MINUTES, minutes_params).rowcount
+            removed = queries.RETENTION_MINUTES.run_sync(conn, minutes_params).rowcount
         report.delivery_minutes += removed
         report.batches += 1
         return removed

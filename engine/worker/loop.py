@@ -216,7 +216,7 @@ class DeliveryWorker:
             answered_before = self.answered
             left_out = policy.left_out(self.destinations, time.monotonic())
             try:
-                claims, _ = await queue_async.claim_batch(
+                claims = await queue_async.claim_batch(
                     self.claim_conn, self.worker, limit, settings.lease_ms, reserve, left_out,
                     announce_backlog=self.polled,
                 )
