@@ -124,9 +124,9 @@ _DESTINATION_COLUMN = Claim.__struct_fields__.index("destination_id")
 _RATE_LIMIT_COLUMN = Claim.__struct_fields__.index("rate_limit")
 
 
-def _record_params(
-    worker: str, results: Sequence[Result], breaker: BreakerSettings | None,
-    refilled: Sequence[int],
+def record_params(
+    worker: str, results: Sequence[Result], breaker: BreakerSettings | None = None,
+    refilled: Sequence[int] = (),
 ) -> RecordResultsParams:
     """record_results.sql's parameters: the whole batch as one JSON document; `refilled`:
     the destinations refill_slots.sql refills after it in the same transaction."""
@@ -157,7 +157,7 @@ async def record_results(
     the one statement is its own transaction (no BEGIN and COMMIT round trips)."""
     if not results:
         return 0
-    params = _record_params(worker, results, breaker, ())
+    params = record_params(worker, results, breaker)
     row = await (await queries.RECORD_RESULTS.run(conn, params)).fetchone()
     return int(row[0]) if row else 0
 
@@ -183,7 +183,8 @@ async def record_results_and_refill(
         slots=[refill.get(d, 0) for d in destinations],
         spares=[spares.get(d, 0) for d in destinations])
     async with conn.pipeline():
-        await queries.RECORD_RESULTS.run(conn, _record_params(worker, results, breaker, refill))
+        await queries.RECORD_RESULTS.run(
+            conn, record_params(worker, results, breaker, list(refill)))
         refilled = await queries.REFILL_SLOTS.run(conn, refills)
     return _claims(await refilled.fetchall(), ())
 
@@ -217,8 +218,12 @@ async def enqueue_events(
     returns). Returns (event id, delivery count) per event; id None where the idempotency
     key exists."""
     cursor = await queries.ENQUEUE_EVENTS.run(conn, enqueue_params(events))
-    return [(row[1], int(row[2]) if row[2] is not None else 0)
-            for row in await cursor.fetchall()]
+    return enqueued(await cursor.fetchall())
+
+
+def enqueued(rows: Sequence[Sequence[Any]]) -> list[tuple[int | None, int]]:
+    """enqueue_events.sql's rows as (event id or None, deliveries created), in order."""
+    return [(row[1], int(row[2]) if row[2] is not None else 0) for row in rows]
 
 
 async def replay_delivery(conn: AsyncConnection, delivery_id: int) -> bool:
