@@ -209,7 +209,7 @@ def test_healthy_results_take_no_destination_lock(dsn: str, conn: psycopg.Connec
     claims = claim_for(conn, dest, 6)
     with psycopg.connect(dsn) as holder:
         holder.execute("SELECT 1 FROM destinations WHERE id = %s FOR NO KEY UPDATE", [dest])
-        conn.execute("SET lock_timeout = '2s'")
+        queue_sync.execute(conn, "SET lock_timeout = '2s'")
         assert record(conn, claims[:3], "delivered") == 3
         with pytest.raises(psycopg.errors.LockNotAvailable):
             record(conn, claims[3:], "retry")  # a failure does change the breaker row

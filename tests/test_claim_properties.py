@@ -633,7 +633,9 @@ class QueueMachine(RuleBasedStateMachine):
     # -- helpers --------------------------------------------------------------------
 
     def _set_clock(self, at: dt.datetime) -> None:
-        self.conn.execute("SELECT set_config('testclock.now', %s, false)", [at.isoformat()])
+        # On the connection's twin too: the replays run there (tests/kit/queue_sync).
+        queue_sync.execute(self.conn, "SELECT set_config('testclock.now', %s, false)",
+                           [at.isoformat()])
         for path in self.paths.values():
             path.execute("SELECT set_config('testclock.now', %s, false)", [at.isoformat()])
 
@@ -1069,7 +1071,7 @@ def run_machine(machine: type[QueueMachine], dsn: str, conn: psycopg.Connection)
     clock; the run must have recorded stale results (the token guard's case)."""
     stop_autovacuum(conn)
     for statement in INSTALL_CLOCK:
-        conn.execute(statement)
+        queue_sync.execute(conn, statement)
     machine.conn = conn
     machine.paths = {}
     machine.stale_recorded = 0

@@ -172,14 +172,15 @@ def test_booked_send_times_keep_the_rate_and_use_it(
     with psycopg.connect(dsn, autocommit=True) as conn:
         truncate_all(conn)
         for statement in FROZEN_CLOCK:
-            conn.execute(statement)
+            queue_sync.execute(conn, statement)
         dest = add_destination(conn, rate_limit=rate, max_in_flight=1000 if capped else None)
         clock = CLOCK_START
         pending = claimed = 0
         booked: list[dt.datetime] = []
         for advance_ms, new, limit in steps:
             clock += dt.timedelta(milliseconds=advance_ms)
-            conn.execute("SELECT set_config('testclock.now', %s, false)", [clock.isoformat()])
+            queue_sync.execute(conn, "SELECT set_config('testclock.now', %s, false)",
+                               [clock.isoformat()])
             enqueue(conn, [f'{{"n": {i}}}' for i in range(new)], [dest])
             pending += new
             claims = queue_sync.claim_batch(conn, "w:1", limit, 60_000)

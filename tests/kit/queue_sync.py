@@ -6,8 +6,8 @@ a synchronous one (the `conn` fixture): each function here opens, once per such
 connection, an autocommit AsyncConnection to the same database, its *twin*, on an event
 loop of its own, and runs the production function on it, so the test runs the
 transaction production runs. The twin is a second session: it does not see what `conn`
-has not committed, nor share its session settings or backend pid (`backend_pid` gives
-the twin's). The twin closes with `conn`'s garbage collection, or when the test's
+has not committed, nor share its session settings (`execute` runs one on both) or backend
+pid (`backend_pid` gives the twin's). The twin closes with `conn`'s garbage collection, or when the test's
 database is dropped.
 
 `enqueue_events` is the exception: the test's events often belong in `conn`'s own
@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import weakref
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -42,22 +42,16 @@ class _Twin:
     def __init__(self, conn: psycopg.Connection) -> None:
         info = conn.info
         dsn = make_conninfo(info.dsn, password=info.password) if info.password else info.dsn
-        self.runner = asyncio.Runner()
-        self.conn = self.runner.run(_awaited(
-            psycopg.AsyncConnection.connect(dsn, autocommit=True)))
+        self.loop = asyncio.new_event_loop()
+        self.conn = self.run(psycopg.AsyncConnection.connect(dsn, autocommit=True))
 
-    def run(self, awaitable: Awaitable[T]) -> T:
-        return self.runner.run(_awaited(awaitable))
+    def run(self, work: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(work)
 
     def close(self) -> None:
-        try:
-            self.run(self.conn.close())
-        finally:
-            self.runner.close()
-
-
-async def _awaited(awaitable: Awaitable[T]) -> T:
-    return await awaitable
+        """Close without the event loop: a finalizer may run inside another one."""
+        self.conn.pgconn.finish()
+        self.loop.close()
 
 
 _twins: weakref.WeakKeyDictionary[psycopg.Connection, _Twin] = weakref.WeakKeyDictionary()
@@ -69,6 +63,13 @@ def _twin(conn: psycopg.Connection) -> _Twin:
         twin = _twins[conn] = _Twin(conn)
         weakref.finalize(conn, twin.close)
     return twin
+
+
+def execute(conn: psycopg.Connection, statement: str, params: Sequence[object] = ()) -> None:
+    """Run a session statement (a setting, the search_path) on `conn` and on its twin."""
+    conn.execute(statement, params)  # type: ignore[arg-type]
+    twin = _twin(conn)
+    twin.run(twin.conn.execute(statement, params))  # type: ignore[arg-type]
 
 
 def backend_pid(conn: psycopg.Connection) -> int:
