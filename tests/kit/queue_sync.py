@@ -6,9 +6,9 @@ a synchronous one (the `conn` fixture): each function here opens, once per such
 connection, an autocommit AsyncConnection to the same database, its *twin*, on an event
 loop of its own, and runs the production function on it, so the test runs the
 transaction production runs. The twin is a second session: it does not see what `conn`
-has not committed, nor share its session settings (`execute` runs one on both) or backend
-pid (`backend_pid` gives the twin's). The twin closes with `conn`'s garbage collection, or when the test's
-database is dropped.
+has not committed, nor share its session settings (`execute` runs one on both) or its
+backend pid (`backend_pid` gives the twin's). The twin closes with `conn`'s garbage
+collection, or when the test's database is dropped.
 
 `enqueue_events` is the exception: the test's events often belong in `conn`'s own
 transaction (a table lock held across the insert, a rollback), so it runs the production
