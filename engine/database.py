@@ -34,8 +34,8 @@ class Database:
 # Settings every session the engine opens starts with (docs/decisions/
 # 0008-no-jit-on-engine-sessions.md says why). JIT: the hot statements are short, and
 # where the server has JIT (Debian's, PGDG's and most managed builds) their cost estimates
-# cross jit_above_cost as the queue grows, so every execution compiles them again: 4 to 5
-# times the database CPU per delivery on a stock PostgreSQL 15.
+# cross jit_above_cost as the queue grows, so every execution compiles them again, at
+# several times the database CPU of the statement itself.
 SESSION_SETTINGS = {"jit": "off"}
 
 
@@ -86,9 +86,9 @@ STATEMENT_TIMEOUT_MS = 30_000
 
 # The queue sessions run only the hot statements (claim, capped locks, rate tokens, result
 # write, refill), prepared by psycopg after a few executions. Left to choose, PostgreSQL
-# kept planning several of them anew on every execution (a custom plan), 10-13 % of its
-# CPU in bench drain-slow; their generic plans are the ones tests/test_claim_plan.py checks
-# beside the custom ones (docs/decisions/0018-generic-plans-on-queue-sessions.md).
+# kept planning several of them anew on every execution (a custom plan), a tenth of its
+# CPU; their generic plans are the ones tests/test_claim_plan.py checks beside the custom
+# ones (docs/decisions/0018-generic-plans-on-queue-sessions.md).
 QUEUE_PLAN_CACHE_MODE = "force_generic_plan"
 
 

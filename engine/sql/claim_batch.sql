@@ -161,9 +161,9 @@ WITH probed_destinations AS (
     -- Whether any destination the plain scans may claim from has due work. The scans
     -- below walk deliveries_claimable_idx in due order and drop the rows of capped and
     -- rate-limited destinations after the join; with a backlog that is all capped they
-    -- walked every due row to find none (capped-slow: 9,680 rows, 5.3 ms of an 8 ms
-    -- claim). This probe stops at the first uncapped destination with a due delivery
-    -- (deliveries_destination_idx), and the scans are skipped when there is none.
+    -- would walk every due row to find none. This probe stops at the first uncapped
+    -- destination with a due delivery (deliveries_destination_idx), and the scans are
+    -- skipped when there is none (docs/decisions/0021-the-claim-statements-shape.md).
     SELECT EXISTS (
            SELECT 1 FROM destinations dest
             WHERE dest.max_in_flight IS NULL AND dest.rate_limit IS NULL
@@ -194,8 +194,7 @@ WITH probed_destinations AS (
      ORDER BY d.next_attempt_at
      -- What `capped` took comes first in `chosen`: rows locked here beyond the room it
      -- leaves would stay locked until we commit without being claimed, and every other
-     -- claimer would skip them (bench many-destinations: 500 such rows beside 561 capped
-     -- ones in a claim of 500, 2026-12-04).
+     -- claimer would skip them (docs/decisions/0021-the-claim-statements-shape.md).
      LIMIT greatest(0, (SELECT n FROM room) - (SELECT count(*) FROM capped))
        FOR UPDATE OF d SKIP LOCKED
 ), eligible_retry AS (

@@ -8,9 +8,8 @@
 --
 -- Why: with a binding cap, a freed slot otherwise waited for the result write to commit,
 -- its notification, the claim loop's wake-up and a claim that locks the destination again
--- (bench capped-slow: 100 destinations capped at 5 answering in 100 ms, ~36 ms idle per
--- slot between an answer and the next request, 0.69 of the 5,000/s ceiling). Here the
--- answer's own write claims the next delivery: one round trip, no wake-up.
+-- (docs/decisions/0015-capped-slots-refilled-by-the-result-write.md). Here the answer's
+-- own write claims the next delivery: one round trip, no wake-up.
 --
 -- Exact across processes and hosts as the claim is (lock_capped_destinations.sql): only
 -- destinations whose advisory lock this transaction holds from record_results.sql get
