@@ -271,4 +271,4 @@ def test_fold_skips_rows_a_worker_is_writing_and_retention_removes_old_minutes(
     assert conn.execute("SELECT count(*) FROM delivery_minutes").fetchone() == (2,)
     report = run_retention(conn, retention_days=1 / (24 * 60 * 2))  # 30 s: all of them
     assert report.delivery_minutes == 2
-    assert conn.execute(queries.CONSOLE_MINUTES).fetchall()[-1][1:] == (0, 0)
+    assert queries.CONSOLE_MINUTES.run_sync(conn).fetchall()[-1][1:] == (0, 0)

@@ -116,13 +116,14 @@ def test_retention_interleaved_with_moves_keeps_every_delivery_event(
             psycopg.connect(dsn, autocommit=True) as retention:
         # Retention has deleted `expired`'s old finished delivery, not committed yet: a
         # replay of it waits for the row, then finds nothing to move.
+        replaying = queue_sync.backend_pid(mover)  # the replay's session (its twin)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             with retention.transaction():
                 row = queries.RETENTION_FINISHED.run_sync(retention, RetentionBatchParams(
                     cutoff=cutoff_for(retention, 30), batch_limit=1)).fetchone()
                 assert row is not None and row[0] == 1
                 replay = pool.submit(queue_sync.replay_delivery, mover, claims[expired].id)
-                wait_for_lock_wait(conn, queue_sync.backend_pid(mover))
+                wait_for_lock_wait(conn, replaying)
             assert replay.result(10) is False
 
         conn.execute(aged, [claims[replayed].id])
