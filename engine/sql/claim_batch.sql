@@ -13,8 +13,8 @@
 -- would be locked too, and every other claimer would skip all of that destination's
 -- deliveries until we commit: one claimer per destination.
 --
--- Every branch takes its deliveries from the view due_deliveries (schema/014): pending,
--- due, and first in line of their ordering key.
+-- Every branch takes its deliveries from the view claimable_deliveries (schema/014):
+-- pending, and first in line of their ordering key; and only those due.
 --
 -- Retries and first attempts are two range scans of deliveries_claimable_idx. Retries
 -- may take at most ($limit - min($reserve, first attempts available)): after an outage
@@ -77,8 +77,9 @@ WITH probed_destinations AS (
     SELECT p.id
       FROM probed_destinations pd
      CROSS JOIN LATERAL (
-           SELECT d.id FROM due_deliveries d
+           SELECT d.id FROM claimable_deliveries d
             WHERE d.destination_id = pd.id
+              AND d.next_attempt_at <= now()
             ORDER BY d.next_attempt_at
             LIMIT 1
               FOR UPDATE OF d SKIP LOCKED) p
@@ -92,8 +93,9 @@ WITH probed_destinations AS (
       FROM unnest($7::bigint[], $8::int[]) AS r(destination_id, tokens)
       JOIN destinations dest ON dest.id = r.destination_id
      CROSS JOIN LATERAL (
-           SELECT d.id, d.next_attempt_at FROM due_deliveries d
+           SELECT d.id, d.next_attempt_at FROM claimable_deliveries d
             WHERE d.destination_id = dest.id
+              AND d.next_attempt_at <= now()
             ORDER BY d.next_attempt_at
             LIMIT CASE WHEN dest.max_in_flight IS NULL THEN r.tokens
                        WHEN dest.id = ANY ($5::bigint[]) THEN greatest(0, least(r.tokens,
@@ -128,8 +130,9 @@ WITH probed_destinations AS (
     SELECT c.id, c.next_attempt_at
       FROM destinations dest
      CROSS JOIN LATERAL (
-           SELECT d.id, d.next_attempt_at FROM due_deliveries d
+           SELECT d.id, d.next_attempt_at FROM claimable_deliveries d
             WHERE d.destination_id = dest.id
+              AND d.next_attempt_at <= now()
             ORDER BY d.next_attempt_at
             LIMIT greatest(0, least((SELECT n FROM room), dest.max_in_flight - dest.in_flight))
               FOR UPDATE OF d SKIP LOCKED) c
@@ -157,9 +160,10 @@ WITH probed_destinations AS (
                              AND d.next_attempt_at <= now())) AS found
 ), eligible_first AS (
     SELECT d.id, d.next_attempt_at
-      FROM due_deliveries d
+      FROM claimable_deliveries d
       JOIN destinations dest ON dest.id = d.destination_id
      WHERE least(d.attempt, 1) = 0
+       AND d.next_attempt_at <= now()
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
        AND dest.max_in_flight IS NULL
@@ -174,9 +178,10 @@ WITH probed_destinations AS (
        FOR UPDATE OF d SKIP LOCKED
 ), eligible_retry AS (
     SELECT d.id, d.next_attempt_at
-      FROM due_deliveries d
+      FROM claimable_deliveries d
       JOIN destinations dest ON dest.id = d.destination_id
      WHERE least(d.attempt, 1) = 1
+       AND d.next_attempt_at <= now()
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
        AND dest.max_in_flight IS NULL

@@ -20,7 +20,7 @@
 -- (xmin is a 32-bit xid, pg_current_xact_id() its 64-bit form: compared modulo 2^32.)
 -- A result that changed nothing (reaped or released meanwhile) took no lock, and its
 -- destination gets no slot here: the claim loop takes it as before. The deliveries come
--- from due_deliveries (schema/014), as the claim's do.
+-- from claimable_deliveries (schema/014), as the claim's do.
 --
 -- Spares (holds_slot false) are claimed deliveries the worker does not send yet: when
 -- one of its requests to that destination is answered with a success, it sends a spare
@@ -45,8 +45,9 @@ WITH wanted AS (
                        THEN greatest(0, least(w.slots, dest.max_in_flight - dest.in_flight))
                        ELSE 0 END AS n) room
      CROSS JOIN LATERAL (
-           SELECT d.id, d.next_attempt_at FROM due_deliveries d
+           SELECT d.id, d.next_attempt_at FROM claimable_deliveries d
             WHERE d.destination_id = dest.id
+              AND d.next_attempt_at <= now()
             ORDER BY d.next_attempt_at
             LIMIT room.n + greatest(0, w.spares)
               FOR UPDATE OF d SKIP LOCKED) c
