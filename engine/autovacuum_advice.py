@@ -196,7 +196,7 @@ def apply(conn: psycopg.Connection, advice: Sequence[Advice]) -> None:
             conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(
                 sql.Identifier(key), sql.Literal(str(value))))
     if system:
-        conn.execute(queries.RELOAD_SERVER_CONFIG)
+        queries.RELOAD_SERVER_CONFIG.run_sync(conn)
 
 
 def add_parser(sub: Any, add_common: Any) -> None:

@@ -3,21 +3,17 @@
 `--dsn`, else ENGINE_DSN, else DATABASE_URL (folded into Settings.dsn by config), else an
 embedded PostgreSQL with its data under `./.engine/`.
 
-The data-access helpers every module uses: `run_statement` (and `run_statement_async`)
-execute one of the engine/sql/ files (engine.queries) with PostgreSQL's own $n
-placeholders; `repeat_until_short` runs a bounded batch, each its own short transaction,
-until one moves fewer rows than the batch size.
+`repeat_until_short` runs a bounded batch, each its own short transaction, until one
+moves fewer rows than the batch size (the statements themselves: engine/queries.py).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import psycopg
-from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from engine.config import Settings
@@ -38,8 +34,8 @@ class Database:
 # Settings every session the engine opens starts with (docs/decisions/
 # 0008-no-jit-on-engine-sessions.md says why). JIT: the hot statements are short, and
 # where the server has JIT (Debian's, PGDG's and most managed builds) their cost estimates
-# cross jit_above_cost as the queue grows, so every execution compiles them again: 4 to 5
-# times the database CPU per delivery on a stock PostgreSQL 15.
+# cross jit_above_cost as the queue grows, so every execution compiles them again, at
+# several times the database CPU of the statement itself.
 SESSION_SETTINGS = {"jit": "off"}
 
 
@@ -90,9 +86,9 @@ STATEMENT_TIMEOUT_MS = 30_000
 
 # The queue sessions run only the hot statements (claim, capped locks, rate tokens, result
 # write, refill), prepared by psycopg after a few executions. Left to choose, PostgreSQL
-# kept planning several of them anew on every execution (a custom plan), 10-13 % of its
-# CPU in bench drain-slow; their generic plans are the ones tests/test_claim_plan.py checks
-# beside the custom ones (docs/decisions/0018-generic-plans-on-queue-sessions.md).
+# kept planning several of them anew on every execution (a custom plan), a tenth of its
+# CPU; their generic plans are the ones tests/test_claim_plan.py checks beside the custom
+# ones (docs/decisions/0018-generic-plans-on-queue-sessions.md).
 QUEUE_PLAN_CACHE_MODE = "force_generic_plan"
 
 
@@ -109,11 +105,6 @@ def session_options(dsn: str) -> str:
     return f"{ours} {given}".strip()
 
 
-def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
-    """An autocommit connection: the queue functions open their own short transactions."""
-    return psycopg.connect(dsn, autocommit=True, **kwargs)  # type: ignore[arg-type]
-
-
 def describe(dsn: str) -> str:
     """`user@host:port/dbname` for messages: never the password."""
     params = conninfo_to_dict(dsn)
@@ -121,22 +112,6 @@ def describe(dsn: str) -> str:
     host = params.get("host") or "(local socket)"
     port = f":{params['port']}" if params.get("port") else ""
     return f"{user}@{host}{port}/{params.get('dbname') or user}"
-
-
-def run_statement(conn: Connection, statement: bytes, params: Sequence[object]) -> RawCursor:
-    """Execute one of our .sql files: they use PostgreSQL's own $n placeholders."""
-    cursor = RawCursor(conn)
-    cursor.execute(statement, params)
-    return cursor
-
-
-async def run_statement_async(
-    conn: AsyncConnection, statement: bytes, params: Sequence[object]
-) -> AsyncRawCursor:
-    """`run_statement` for the asyncio side: the same statements and parameters."""
-    cursor = AsyncRawCursor(conn)
-    await cursor.execute(statement, params)
-    return cursor
 
 
 def _always() -> bool:
@@ -156,13 +131,3 @@ def repeat_until_short(
         if moved < batch:
             return total, True
     return total, False
-
-
-async def repeat_until_short_async(run_batch: Callable[[], Awaitable[int]], batch: int) -> int:
-    """`repeat_until_short` on the asyncio side (no stopping early); the rows moved."""
-    total = 0
-    while True:
-        moved = await run_batch()
-        total += moved
-        if moved < batch:
-            return total

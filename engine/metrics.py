@@ -218,8 +218,8 @@ class DatabaseCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
             with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
-                conn.execute(queries.SCRAPE_STATEMENT_TIMEOUT)
-                rows = psycopg.RawCursor(conn).execute(queries.METRICS_GAUGES).fetchall()
+                queries.SCRAPE_STATEMENT_TIMEOUT.run_sync(conn)
+                rows = queries.METRICS_GAUGES.run_sync(conn).fetchall()
         except psycopg.Error:
             # A scrape still answers (process metrics are worth having in an outage).
             yield GaugeMetricFamily("engine_database_up", "Database reachable", value=0)

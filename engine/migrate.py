@@ -15,8 +15,7 @@ from pathlib import Path
 import psycopg
 
 from engine import queries
-from engine.database import run_statement
-from engine.sql_params import MigrationsRecordParams
+from engine.sql_params import LockKeyParams, MigrationsRecordParams
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schema"
 # An arbitrary constant naming "engine migrations" in pg_advisory_lock's key space.
@@ -61,11 +60,12 @@ def migrate(
     `progress(name, seconds)` is called after each file is committed."""
     migrations = load_migrations(schema_dir)
     applied_now: list[str] = []
+    lock = LockKeyParams(lock_key=MIGRATION_LOCK_KEY)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        run_statement(conn, queries.MIGRATIONS_LOCK, (MIGRATION_LOCK_KEY,))
+        queries.MIGRATIONS_LOCK.run_sync(conn, lock)
         try:
-            run_statement(conn, queries.MIGRATIONS_TABLE, ())
-            row = run_statement(conn, queries.MIGRATIONS_CURRENT, ()).fetchone()
+            queries.MIGRATIONS_TABLE.run_sync(conn)
+            row = queries.MIGRATIONS_CURRENT.run_sync(conn).fetchone()
             current = row[0] if row else 0
             newest_known = migrations[-1].version if migrations else 0
             if current > newest_known:
@@ -81,20 +81,20 @@ def migrate(
                     conn.execute(migration.sql.encode())
                     record = MigrationsRecordParams(
                         version=migration.version, name=migration.name)
-                    run_statement(conn, queries.MIGRATIONS_RECORD, record)
+                    queries.MIGRATIONS_RECORD.run_sync(conn, record)
                 applied_now.append(migration.name)
                 if progress is not None:
                     progress(migration.name, time.perf_counter() - started)
         finally:
-            run_statement(conn, queries.MIGRATIONS_UNLOCK, (MIGRATION_LOCK_KEY,))
+            queries.MIGRATIONS_UNLOCK.run_sync(conn, lock)
     return applied_now
 
 
 def schema_version(dsn: str) -> tuple[int, str | None]:
     """The newest migration applied to the database: (version, name), (0, None) if none."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        exists = run_statement(conn, queries.MIGRATIONS_EXISTS, ()).fetchone()
+        exists = queries.MIGRATIONS_EXISTS.run_sync(conn).fetchone()
         if not exists or not exists[0]:
             return 0, None
-        row = run_statement(conn, queries.MIGRATIONS_NEWEST, ()).fetchone()
+        row = queries.MIGRATIONS_NEWEST.run_sync(conn).fetchone()
     return (int(row[0]), str(row[1])) if row else (0, None)

@@ -1,86 +1,170 @@
-"""Every SQL statement the engine runs, each in its own file under engine/sql/, read once at
-import (engine/sql_params.py: the parameters of those bound through a typed tuple)."""
+"""Every SQL statement the engine runs: one file under engine/sql/ and one declared
+parameter type (engine/sql_params.py), coupled once here in a `Statement` and run only
+through it.
+
+    claims = await CLAIM_BATCH.run(conn, ClaimBatchParams(worker_id=..., ...))
+    RETURN_CLAIMS.run_sync(conn, ReturnClaimsParams(...)).fetchone()
+
+A file is found by its name anywhere under engine/sql/ and read once, at import. Adding a
+parameter touches the file (its header and body), its type and the call site that builds
+the type; tests/test_sql_headers.py holds every header against its type, through
+`STATEMENTS`. The files use PostgreSQL's own $n placeholders, so the cursors are raw.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
-# Ingress runs `NOTIFY engine_deliveries` once per committed batch of events; idle delivery
-# workers LISTEN on it (and poll as a fallback, since a notification can be missed while
-# a worker reconnects).
+from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor
+from psycopg.rows import AsyncRowFactory, RowFactory
+
+from engine import sql_params as p
+
+# Ingress notifies this channel once per committed batch of events; idle delivery workers
+# LISTEN on it (and poll as a fallback, since a notification can be missed while a worker
+# reconnects).
 NOTIFY_CHANNEL = "engine_deliveries"
 
-_SQL_DIR = Path(__file__).with_name("sql")
+SQL_DIR = Path(__file__).with_name("sql")
+
+Params = TypeVar("Params", bound=tuple)
+
+# Every statement by name (its file's stem), filled as the statements below are made.
+STATEMENTS: dict[str, Statement] = {}
 
 
-def _load(name: str) -> bytes:
-    return (_SQL_DIR / f"{name}.sql").read_bytes()
+class Statement(Generic[Params]):
+    """One engine/sql/ file, read once, and the type its parameters are bound through
+    (None: the statement takes none). `run` and `run_sync` refuse any other value, so a
+    statement is never bound through a bare tuple whose order nothing checks."""
+
+    __slots__ = ("name", "params", "sql")
+
+    def __init__(self, name: str, params: type[Params] | None = None) -> None:
+        if name in STATEMENTS:
+            raise ValueError(f"statement {name} declared twice")
+        self.name = name
+        self.params = params
+        self.sql = _find(name).read_bytes()
+        STATEMENTS[name] = self
+
+    def _bound(self, params: Params | None) -> Params | None:
+        if type(params) is not (self.params or type(None)):
+            wanted = self.params.__name__ if self.params else "no parameters"
+            raise TypeError(f"{self.name} takes {wanted}, not {type(params).__name__}")
+        return params
+
+    async def run(
+        self, conn: AsyncConnection, params: Params | None = None, *,
+        row_factory: AsyncRowFactory[Any] | None = None,
+    ) -> AsyncRawCursor[Any]:
+        """Execute on an asyncio connection (inside its transaction or pipeline, if any);
+        the cursor holds the rows (tuples, unless `row_factory` says otherwise)."""
+        cursor = AsyncRawCursor(conn, row_factory=row_factory)
+        await cursor.execute(self.sql, self._bound(params))
+        return cursor
+
+    def run_sync(
+        self, conn: Connection, params: Params | None = None, *,
+        row_factory: RowFactory[Any] | None = None,
+    ) -> RawCursor[Any]:
+        """`run` on a synchronous connection (the supervisor, maintenance, commands)."""
+        cursor = RawCursor(conn, row_factory=row_factory)
+        cursor.execute(self.sql, self._bound(params))
+        return cursor
+
+    def __repr__(self) -> str:
+        return f"Statement({self.name!r})"
 
 
-CLAIM_BATCH = _load("claim_batch")
-LOCK_CAPPED_DESTINATIONS = _load("lock_capped_destinations")
-TAKE_RATE_TOKENS = _load("take_rate_tokens")
-RECORD_RESULTS = _load("record_results")
-REFILL_SLOTS = _load("refill_slots")
-RETURN_CLAIMS = _load("return_claims")
-REPLAY_DELIVERY = _load("replay_delivery")
-REPLAY_DEAD = _load("replay_dead")
-ENQUEUE_EVENTS = _load("enqueue_events")
-# The accept path's reads around enqueue_events (engine/ingress/committer.py).
-ACCEPT_FIND_DESTINATIONS = _load("accept_find_destinations")
-ACCEPT_FIND_KEYS = _load("accept_find_keys")
-METRICS_GAUGES = _load("metrics_gauges")
-RETENTION_FINISHED = _load("retention_finished")
-RETENTION_EVENTS = _load("retention_events")
-RETENTION_CUTOFF = _load("retention_cutoff")
-DATABASE_NOW = _load("database_now")
-SESSION_ALIVE = _load("session_alive")
-SNAPSHOT_READ_ONLY = _load("snapshot_read_only")
-SCRAPE_STATEMENT_TIMEOUT = _load("scrape_statement_timeout")
-RELOAD_SERVER_CONFIG = _load("reload_server_config")
-# The maintenance leader lock (engine/maintenance/leader.py) and the migrator's bookkeeping
-# (engine/migrate.py).
-LEADER_SESSION_TIMEOUT = _load("leader_session_timeout")
-LEADER_TRY_LOCK = _load("leader_try_lock")
-MIGRATIONS_LOCK = _load("migrations_lock")
-MIGRATIONS_UNLOCK = _load("migrations_unlock")
-MIGRATIONS_TABLE = _load("migrations_table")
-MIGRATIONS_CURRENT = _load("migrations_current")
-MIGRATIONS_RECORD = _load("migrations_record")
-MIGRATIONS_EXISTS = _load("migrations_exists")
-MIGRATIONS_NEWEST = _load("migrations_newest")
-RETENTION_MINUTES = _load("retention_minutes")
-FOLD_DELIVERY_MINUTES = _load("fold_delivery_minutes")
-STATUS_QUEUE = _load("status_queue")
-STATUS_FANOUT = _load("status_fanout")
-STATUS_BREAKERS = _load("status_breakers")
-STATUS_DESTINATIONS = _load("status_destinations")
-STATUS_TABLES = _load("status_tables")
-STATUS_INDEXES = _load("status_indexes")
-STATUS_STATEMENTS = _load("status_statements")
-STATUS_SETTINGS = _load("status_settings")
-PG_STAT_STATEMENTS_INSTALLED = _load("pg_stat_statements_installed")
-BREAKER_DEFER = _load("breaker_defer")
-AUTO_DISABLE = _load("auto_disable")
-END_STALLED_CLAIMS = _load("end_stalled_claims")
-DEMO_DESTINATIONS = _load("demo_destinations")
-DEMO_ATTEMPTS = _load("demo_attempts")
+def _find(name: str) -> Path:
+    found = list(SQL_DIR.rglob(f"{name}.sql"))
+    if len(found) != 1:
+        raise LookupError(f"{name}.sql: {len(found)} files under {SQL_DIR}, not one")
+    return found[0]
+
+
+# Claiming (engine/queue_async.py): the capped destinations' locks, the rate tokens, then
+# the claim, in one transaction.
+LOCK_CAPPED_DESTINATIONS = Statement("lock_capped_destinations", p.LockCappedDestinationsParams)
+TAKE_RATE_TOKENS = Statement("take_rate_tokens", p.TakeRateTokensParams)
+CLAIM_BATCH = Statement("claim_batch", p.ClaimBatchParams)
+NOTIFY_DELIVERIES = Statement("notify_deliveries", p.NotifyDeliveriesParams)
+# Results (engine/queue_async.py) and claims given back (engine/queue.py).
+RECORD_RESULTS = Statement("record_results", p.RecordResultsParams)
+REFILL_SLOTS = Statement("refill_slots", p.RefillSlotsParams)
+RETURN_CLAIMS = Statement("return_claims", p.ReturnClaimsParams)
+# The accept path (engine/ingress/committer.py, engine/queue_async.py).
+ENQUEUE_EVENTS = Statement("enqueue_events", p.EnqueueEventsParams)
+ACCEPT_FIND_DESTINATIONS = Statement("accept_find_destinations", p.DestinationIdsParams)
+ACCEPT_FIND_KEYS = Statement("accept_find_keys", p.AcceptFindKeysParams)
+# Replays (engine/queue_async.py).
+REPLAY_DELIVERY = Statement("replay_delivery", p.DeliveryIdParams)
+REPLAY_DEAD = Statement("replay_dead", p.ReplayDeadParams)
+DATABASE_NOW = Statement("database_now")
+# Maintenance (engine/maintenance/).
+LEADER_SESSION_TIMEOUT = Statement("leader_session_timeout", p.LeaderSessionTimeoutParams)
+LEADER_TRY_LOCK = Statement("leader_try_lock", p.LockKeyParams)
+SESSION_ALIVE = Statement("session_alive")
+RETENTION_CUTOFF = Statement("retention_cutoff", p.RetentionCutoffParams)
+RETENTION_FINISHED = Statement("retention_finished", p.RetentionBatchParams)
+RETENTION_EVENTS = Statement("retention_events", p.RetentionBatchParams)
+RETENTION_MINUTES = Statement("retention_minutes", p.RetentionMinutesParams)
+FOLD_DELIVERY_MINUTES = Statement("fold_delivery_minutes", p.FoldDeliveryMinutesParams)
+BREAKER_DEFER = Statement("breaker_defer", p.BreakerDeferParams)
+AUTO_DISABLE = Statement("auto_disable", p.AutoDisableParams)
+END_STALLED_CLAIMS = Statement("end_stalled_claims", p.EndStalledClaimsParams)
+# The migrator's bookkeeping (engine/migrate.py) and the schema dump (engine/schema_dump.py).
+MIGRATIONS_LOCK = Statement("migrations_lock", p.LockKeyParams)
+MIGRATIONS_UNLOCK = Statement("migrations_unlock", p.LockKeyParams)
+MIGRATIONS_TABLE = Statement("migrations_table")
+MIGRATIONS_CURRENT = Statement("migrations_current")
+MIGRATIONS_RECORD = Statement("migrations_record", p.MigrationsRecordParams)
+MIGRATIONS_EXISTS = Statement("migrations_exists")
+MIGRATIONS_NEWEST = Statement("migrations_newest")
+SCHEMA_ENUMS = Statement("schema_enums")
+SCHEMA_SEQUENCES = Statement("schema_sequences")
+SCHEMA_TABLES = Statement("schema_tables", p.SchemaTablesParams)
+SCHEMA_COLUMNS = Statement("schema_columns", p.TableOidParams)
+SCHEMA_CONSTRAINTS = Statement("schema_constraints", p.TableOidParams)
+SCHEMA_INDEXES = Statement("schema_indexes", p.TableOidParams)
+# Metrics, `engine status` and autovacuum advice (engine/metrics.py, engine/status.py,
+# engine/autovacuum_advice.py).
+METRICS_GAUGES = Statement("metrics_gauges")
+SCRAPE_STATEMENT_TIMEOUT = Statement("scrape_statement_timeout")
+SNAPSHOT_READ_ONLY = Statement("snapshot_read_only")
+RELOAD_SERVER_CONFIG = Statement("reload_server_config")
+STATUS_QUEUE = Statement("status_queue")
+STATUS_FANOUT = Statement("status_fanout")
+STATUS_BREAKERS = Statement("status_breakers")
+STATUS_DESTINATIONS = Statement("status_destinations", p.StatusDestinationsParams)
+STATUS_TABLES = Statement("status_tables")
+STATUS_INDEXES = Statement("status_indexes")
+STATUS_STATEMENTS = Statement("status_statements")
+STATUS_SETTINGS = Statement("status_settings")
+PG_STAT_STATEMENTS_INSTALLED = Statement("pg_stat_statements_installed")
+# The demo's page (engine/demo/view.py).
+DEMO_DESTINATIONS = Statement("demo_destinations", p.DestinationIdsParams)
+DEMO_ATTEMPTS = Statement("demo_attempts", p.DemoAttemptsParams)
 # The console's reads (engine/ingress/console_store.py).
-CONSOLE_EVENTS = _load("console_events")
-CONSOLE_DELIVERIES_BY_EVENT = _load("console_deliveries_by_event")
-CONSOLE_MINUTES = _load("console_minutes")
-CONSOLE_DEAD_DELIVERIES = _load("console_dead_deliveries")
-CONSOLE_DESTINATION_WINDOW = _load("console_destination_window")
-DESTINATION_STATS = _load("destination_stats")
+CONSOLE_EVENTS = Statement("console_events", p.ConsoleEventsParams)
+CONSOLE_DELIVERIES_BY_EVENT = Statement("console_deliveries_by_event", p.ConsoleDeliveriesParams)
+CONSOLE_MINUTES = Statement("console_minutes")
+CONSOLE_DEAD_DELIVERIES = Statement("console_dead_deliveries", p.ConsoleDeadDeliveriesParams)
+CONSOLE_DESTINATION_WINDOW = Statement(
+    "console_destination_window", p.ConsoleDestinationWindowParams)
+DESTINATION_STATS = Statement("destination_stats", p.DestinationStatsParams)
 # The API's reads and destination changes (engine/ingress/store.py).
-API_DESTINATION_CREATE = _load("api_destination_create")
-API_DESTINATIONS_LIST = _load("api_destinations_list")
-API_DESTINATION_READ = _load("api_destination_read")
-API_DESTINATION_PATCH = _load("api_destination_patch")
-API_DESTINATION_DELETE = _load("api_destination_delete")
-API_EVENT_READ = _load("api_event_read")
-API_EVENT_DELIVERIES = _load("api_event_deliveries")
-API_DELIVERIES_LIST = _load("api_deliveries_list")
-API_DESTINATION_DELIVERIES_LIST = _load("api_destination_deliveries_list")
-API_DELIVERY_READ = _load("api_delivery_read")
-API_DELIVERY_ATTEMPTS = _load("api_delivery_attempts")
+API_DESTINATION_CREATE = Statement("api_destination_create", p.ApiDestinationCreateParams)
+API_DESTINATIONS_LIST = Statement("api_destinations_list")
+API_DESTINATION_READ = Statement("api_destination_read", p.DestinationIdParams)
+API_DESTINATION_PATCH = Statement("api_destination_patch", p.ApiDestinationPatchParams)
+API_DESTINATION_DELETE = Statement("api_destination_delete", p.DestinationIdParams)
+API_EVENT_READ = Statement("api_event_read", p.EventIdParams)
+API_EVENT_DELIVERIES = Statement("api_event_deliveries", p.EventIdParams)
+API_DELIVERIES_LIST = Statement("api_deliveries_list", p.ApiDeliveriesListParams)
+API_DESTINATION_DELIVERIES_LIST = Statement(
+    "api_destination_deliveries_list", p.ApiDestinationDeliveriesListParams)
+API_DELIVERY_READ = Statement("api_delivery_read", p.DeliveryIdParams)
+API_DELIVERY_ATTEMPTS = Statement("api_delivery_attempts", p.DeliveryIdParams)

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import psycopg
 
+from engine import queries
 from engine.migrate import SCHEMA_DIR, migrate
+from engine.sql_params import SchemaTablesParams, TableOidParams
 
 CURRENT_SQL = SCHEMA_DIR / "current.sql"
 # Written by engine/migrate.py itself, not by a migration.
@@ -40,31 +42,13 @@ def dump_schema(conn: psycopg.Connection) -> str:
     """The public schema of `conn`'s database as SQL: types, sequences, tables (columns,
     constraints, storage options) and indexes, in creation order."""
     parts = [_HEADER]
-    for name, labels in conn.execute(
-        "SELECT t.typname, array_agg(e.enumlabel ORDER BY e.enumsortorder)"
-        " FROM pg_type t JOIN pg_enum e ON e.enumtypid = t.oid"
-        " JOIN pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = 'public'"
-        " GROUP BY t.oid, t.typname ORDER BY t.oid"
-    ):
+    for name, labels in queries.SCHEMA_ENUMS.run_sync(conn):
         values = ", ".join(f"'{label}'" for label in labels)
         parts.append(f"CREATE TYPE {name} AS ENUM ({values});\n")
-    for (name, data_type) in conn.execute(
-        "SELECT c.relname, format_type(s.seqtypid, NULL) FROM pg_sequence s"
-        " JOIN pg_class c ON c.oid = s.seqrelid"
-        " JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = 'public' AND NOT EXISTS ("
-        "   SELECT 1 FROM pg_depend d WHERE d.objid = c.oid AND d.deptype = 'i')"
-        " ORDER BY c.oid"
-    ):
-        # Identity columns' own sequences (deptype 'i') are implied by their column.
+    for name, data_type in queries.SCHEMA_SEQUENCES.run_sync(conn):
         parts.append(f"CREATE SEQUENCE {name} AS {data_type};\n")
-    tables = conn.execute(
-        "SELECT c.oid, c.relname, c.reloptions FROM pg_class c"
-        " JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')"
-        " AND c.relname <> ALL(%s) ORDER BY c.oid",
-        (list(_NOT_SCHEMA),),
-    ).fetchall()
+    tables = queries.SCHEMA_TABLES.run_sync(
+        conn, SchemaTablesParams(left_out=list(_NOT_SCHEMA))).fetchall()
     for oid, name, options in tables:
         parts.append(_table(conn, oid, name, options))
     return "\n".join(parts)
@@ -72,13 +56,9 @@ def dump_schema(conn: psycopg.Connection) -> str:
 
 def _table(conn: psycopg.Connection, oid: int, name: str, options: list[str] | None) -> str:
     lines = []
-    for column, data_type, not_null, default, identity in conn.execute(
-        "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,"
-        " pg_get_expr(d.adbin, d.adrelid), a.attidentity FROM pg_attribute a"
-        " LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum"
-        " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-        (oid,),
-    ):
+    table = TableOidParams(table_oid=oid)
+    for column, data_type, not_null, default, identity in queries.SCHEMA_COLUMNS.run_sync(
+            conn, table):
         text = f"    {column} {data_type}"
         if identity:
             text += " GENERATED ALWAYS AS IDENTITY" if identity == "a" else (
@@ -88,25 +68,13 @@ def _table(conn: psycopg.Connection, oid: int, name: str, options: list[str] | N
         if not_null:
             text += " NOT NULL"
         lines.append(text)
-    for constraint, definition in conn.execute(
-        "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
-        " WHERE conrelid = %s AND contype <> 'n' ORDER BY contype, conname",
-        (oid,),
-    ):
+    for constraint, definition in queries.SCHEMA_CONSTRAINTS.run_sync(conn, table):
         lines.append(f"    CONSTRAINT {constraint} {definition}")
     out = f"CREATE TABLE {name} (\n" + ",\n".join(lines) + "\n);\n"
     if options:
         settings = ",\n".join(f"    {option}" for option in sorted(options))
         out += f"ALTER TABLE {name} SET (\n{settings}\n);\n"
-    for (definition,) in conn.execute(
-        "SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i"
-        " JOIN pg_class c ON c.oid = i.indexrelid"
-        " WHERE i.indrelid = %s AND NOT EXISTS ("
-        "   SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid)"
-        " ORDER BY c.relname",
-        (oid,),
-    ):
-        # Indexes behind a PRIMARY KEY or UNIQUE constraint are shown by the constraint.
+    for (definition,) in queries.SCHEMA_INDEXES.run_sync(conn, table):
         out += definition.replace(" ON public.", " ON ").replace(" USING btree", "") + ";\n"
     return out
 

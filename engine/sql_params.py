@@ -1,10 +1,11 @@
-"""The parameters of the engine/sql/ statements, one typed tuple per statement.
+"""The parameters of the engine/sql/ statements: one typed tuple for each statement that
+takes any (several statements may share one).
 
 Each field is one `$n`, in order, named as the statement's header names it ("$5 capped
 destination ids bigint[]" is `capped_destination_ids`); the code binds a statement only
-through its tuple, built by keyword. tests/test_sql_headers.py compares every header with
-its tuple, so a parameter reordered on one side fails a test instead of binding a value
-to the wrong `$n`. `STATEMENT_PARAMETERS` says which tuple binds which file.
+through its tuple, built by keyword. engine/queries.py says which tuple binds which file,
+and tests/test_sql_headers.py compares every header with its tuple, so a parameter
+reordered on one side fails a test instead of binding a value to the wrong `$n`.
 """
 
 from __future__ import annotations
@@ -72,8 +73,60 @@ class EnqueueEventsParams(NamedTuple):
     target_destination_id: list[int]
 
 
-class ReplayDeliveryParams(NamedTuple):
+class DeliveryIdParams(NamedTuple):
     delivery_id: int
+
+
+class DestinationIdParams(NamedTuple):
+    destination_id: int
+
+
+class EventIdParams(NamedTuple):
+    event_id: int
+
+
+class DestinationIdsParams(NamedTuple):
+    destination_ids: list[int]
+
+
+class AcceptFindKeysParams(NamedTuple):
+    idempotency_keys: list[str]
+
+
+class NotifyDeliveriesParams(NamedTuple):
+    notification_channel: str
+
+
+class LockKeyParams(NamedTuple):
+    lock_key: int
+
+
+class LeaderSessionTimeoutParams(NamedTuple):
+    idle_session_timeout: str  # an interval, e.g. '10s'
+
+
+class RetentionCutoffParams(NamedTuple):
+    retention_seconds: float
+
+
+class FoldDeliveryMinutesParams(NamedTuple):
+    batch_limit: int
+
+
+class StatusDestinationsParams(NamedTuple):
+    top_n: int
+
+
+class ConsoleDestinationWindowParams(NamedTuple):
+    window_seconds: float
+
+
+class SchemaTablesParams(NamedTuple):
+    left_out: list[str]  # table names
+
+
+class TableOidParams(NamedTuple):
+    table_oid: int
 
 
 class ReplayDeadParams(NamedTuple):
@@ -195,32 +248,3 @@ class ApiDestinationDeliveriesListParams(NamedTuple):
     scan_deliveries: bool
     scan_finished_deliveries: bool
     destination_id: int
-
-
-STATEMENT_PARAMETERS: dict[str, type[tuple]] = {
-    "claim_batch": ClaimBatchParams,
-    "take_rate_tokens": TakeRateTokensParams,
-    "refill_slots": RefillSlotsParams,
-    "lock_capped_destinations": LockCappedDestinationsParams,
-    "record_results": RecordResultsParams,
-    "return_claims": ReturnClaimsParams,
-    "enqueue_events": EnqueueEventsParams,
-    "replay_delivery": ReplayDeliveryParams,
-    "replay_dead": ReplayDeadParams,
-    "retention_finished": RetentionBatchParams,
-    "retention_events": RetentionBatchParams,
-    "breaker_defer": BreakerDeferParams,
-    "auto_disable": AutoDisableParams,
-    "end_stalled_claims": EndStalledClaimsParams,
-    "retention_minutes": RetentionMinutesParams,
-    "migrations_record": MigrationsRecordParams,
-    "demo_attempts": DemoAttemptsParams,
-    "console_events": ConsoleEventsParams,
-    "console_deliveries_by_event": ConsoleDeliveriesParams,
-    "console_dead_deliveries": ConsoleDeadDeliveriesParams,
-    "destination_stats": DestinationStatsParams,
-    "api_destination_create": ApiDestinationCreateParams,
-    "api_destination_patch": ApiDestinationPatchParams,
-    "api_deliveries_list": ApiDeliveriesListParams,
-    "api_destination_deliveries_list": ApiDestinationDeliveriesListParams,
-}

@@ -12,6 +12,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from engine import queries
+from engine.queries import Statement
+from engine.sql_params import StatusDestinationsParams
 
 TOP_DESTINATIONS = 10
 # Warning thresholds.
@@ -24,23 +26,23 @@ CLAIM_SHARE_WARN = 0.5  # of all statement time in pg_stat_statements
 FANOUT_GROWTH_WARN = 1.5  # deliveries per event, last hour vs the day before
 
 
-def _rows(conn: psycopg.Connection, statement: bytes, params: tuple = ()) -> list[dict]:
-    cursor = psycopg.RawCursor(conn, row_factory=dict_row)
-    return cursor.execute(statement, params).fetchall()
+def _rows(conn: psycopg.Connection, statement: Statement, params: tuple | None = None
+          ) -> list[dict]:
+    return statement.run_sync(conn, params, row_factory=dict_row).fetchall()
 
 
 def _has_pg_stat_statements(conn: psycopg.Connection) -> bool:
-    row = psycopg.RawCursor(conn).execute(queries.PG_STAT_STATEMENTS_INSTALLED).fetchone()
+    row = queries.PG_STAT_STATEMENTS_INSTALLED.run_sync(conn).fetchone()
     return row is not None
 
 
 def collect_status(conn: psycopg.Connection, top: int = TOP_DESTINATIONS) -> dict[str, Any]:
     """Everything `engine status` shows, read in one repeatable-read snapshot."""
     with conn.transaction():
-        conn.execute(queries.SNAPSHOT_READ_ONLY)
+        queries.SNAPSHOT_READ_ONLY.run_sync(conn)
         queue = {**_rows(conn, queries.STATUS_QUEUE)[0], **_rows(conn, queries.STATUS_FANOUT)[0]}
         breakers = _rows(conn, queries.STATUS_BREAKERS)[0]
-        destinations = _rows(conn, queries.STATUS_DESTINATIONS, (top,))
+        destinations = _rows(conn, queries.STATUS_DESTINATIONS, StatusDestinationsParams(top_n=top))
         tables = _rows(conn, queries.STATUS_TABLES)
         indexes = _rows(conn, queries.STATUS_INDEXES)
         server_settings = _rows(conn, queries.STATUS_SETTINGS)[0]
@@ -51,7 +53,7 @@ def collect_status(conn: psycopg.Connection, top: int = TOP_DESTINATIONS) -> dic
                     statements = _rows(conn, queries.STATUS_STATEMENTS)[0]
             except psycopg.Error:  # installed but not preloaded
                 statements = None
-        now = psycopg.RawCursor(conn).execute(queries.DATABASE_NOW).fetchone()
+        now = queries.DATABASE_NOW.run_sync(conn).fetchone()
     status: dict[str, Any] = {
         "at": now[0] if now else None,
         "queue": queue,

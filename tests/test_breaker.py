@@ -9,8 +9,8 @@ from functools import partial
 import psycopg
 import pytest
 
-from engine import queue
 from engine.queue import BreakerSettings, Claim, EventIn, Result
+from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now
 from tests.kit.threads import run_threads
 
@@ -20,7 +20,7 @@ BREAKER = BreakerSettings(threshold=3, base_pause_ms=1_000, max_pause_ms=3_000)
 
 def enqueue(conn: psycopg.Connection, destination: int, count: int) -> None:
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", [destination]) for _ in range(count)])
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", [destination]) for _ in range(count)])
 
 
 def record(conn: psycopg.Connection, claims: Sequence[Claim], outcome: str,
@@ -31,7 +31,7 @@ def record(conn: psycopg.Connection, claims: Sequence[Claim], outcome: str,
                t if outcome in ("retry", "gone") else None)
         for c in claims
     ]
-    return queue.record_results(conn, worker, results, BREAKER)
+    return queue_sync.record_results(conn, worker, results, BREAKER)
 
 
 def breaker(conn: psycopg.Connection, destination: int) -> tuple:
@@ -56,7 +56,7 @@ def end_pause(conn: psycopg.Connection, destination: int) -> None:
 
 
 def claim_for(conn: psycopg.Connection, destination: int, limit: int = 100) -> list[Claim]:
-    return [c for c in queue.claim_batch(conn, "w", limit, LEASE_MS)
+    return [c for c in queue_sync.claim_batch(conn, "w", limit, LEASE_MS)
             if c.destination_id == destination]
 
 
@@ -81,7 +81,7 @@ def test_opens_after_threshold_and_claim_skips_it(conn: psycopg.Connection) -> N
     assert one(conn, "SELECT now() - breaker_opened_at < interval '10 seconds'"
                      " FROM destinations WHERE id = %s", dead)
     enqueue(conn, healthy, 3)
-    got = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    got = queue_sync.claim_batch(conn, "w", 100, LEASE_MS)
     assert {c.destination_id for c in got} == {healthy} and len(got) == 3
 
 
@@ -91,7 +91,7 @@ def test_a_success_in_between_resets_the_count(conn: psycopg.Connection) -> None
     claims = claim_for(conn, dest, 6)
     t = now(conn)
     outcomes = ["retry", "retry", "delivered", "retry", "retry", "delivered"]
-    queue.record_results(conn, "w", [
+    queue_sync.record_results(conn, "w", [
         Result(c.id, c.attempt, o, t, 1, 500, "e", None, t if o == "retry" else None)
         for c, o in zip(claims, outcomes, strict=True)
     ], BREAKER)
@@ -113,14 +113,14 @@ def test_exactly_one_probe_under_concurrent_claimers(dsn: str, conn: psycopg.Con
         def claimer(slot: int, barrier: threading.Barrier, got: list[list[Claim]]) -> None:
             with psycopg.connect(dsn, autocommit=True) as own:
                 barrier.wait()
-                got[slot] = queue.claim_batch(own, f"w{slot}", 10, LEASE_MS)
+                got[slot] = queue_sync.claim_batch(own, f"w{slot}", 10, LEASE_MS)
 
         run_threads([partial(claimer, i, barrier, got) for i in range(workers)], 60)
         probes = [c for claims in got for c in claims]
         assert len(probes) == 1, f"round {round_}: {len(probes)} probes"
         assert breaker(conn, dest)[0] == "half_open"
         # While the probe is out, nobody gets more of this destination.
-        assert queue.claim_batch(conn, "other", 10, LEASE_MS) == []
+        assert queue_sync.claim_batch(conn, "other", 10, LEASE_MS) == []
         worker = next(f"w{i}" for i, claims in enumerate(got) if claims)
         record(conn, probes, "retry", worker)
         assert breaker(conn, dest)[0] == "open"
@@ -209,7 +209,7 @@ def test_healthy_results_take_no_destination_lock(dsn: str, conn: psycopg.Connec
     claims = claim_for(conn, dest, 6)
     with psycopg.connect(dsn) as holder:
         holder.execute("SELECT 1 FROM destinations WHERE id = %s FOR NO KEY UPDATE", [dest])
-        conn.execute("SET lock_timeout = '2s'")
+        queue_sync.execute(conn, "SET lock_timeout = '2s'")
         assert record(conn, claims[:3], "delivered") == 3
         with pytest.raises(psycopg.errors.LockNotAvailable):
             record(conn, claims[3:], "retry")  # a failure does change the breaker row
@@ -225,9 +225,9 @@ def test_claim_leaves_out_destinations_a_worker_skips(conn: psycopg.Connection) 
     healthy = add_destination(conn)
     for destination in (slow, capped_slow, healthy):
         enqueue(conn, destination, 3)
-    got = queue.claim_batch(conn, "w", 100, LEASE_MS, skip_destinations=[slow, capped_slow])
+    got = queue_sync.claim_batch(conn, "w", 100, LEASE_MS, skip_destinations=[slow, capped_slow])
     assert {c.destination_id for c in got} == {healthy} and len(got) == 3
-    assert len(queue.claim_batch(conn, "w", 100, LEASE_MS)) == 6
+    assert len(queue_sync.claim_batch(conn, "w", 100, LEASE_MS)) == 6
 
 
 def test_open_breakers_backlog_moves_out_of_the_claims_way(conn: psycopg.Connection) -> None:
@@ -252,7 +252,7 @@ def test_open_breakers_backlog_moves_out_of_the_claims_way(conn: psycopg.Connect
     assert one(conn, "SELECT count(*) FROM deliveries WHERE destination_id = %s"
                      " AND next_attempt_at <= now()", probing) == 3
     assert defer_open_breakers(conn) == 0
-    assert {c.destination_id for c in queue.claim_batch(conn, "w", 100, LEASE_MS)} == {healthy}
+    assert {c.destination_id for c in queue_sync.claim_batch(conn, "w", 100, LEASE_MS)} == {healthy}
     # The pause ends exactly when the deferred deliveries fall due: one probe, then the rest.
     conn.execute("UPDATE deliveries SET next_attempt_at = now() - interval '1 second'"
                  " WHERE destination_id = %s", [dead])

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from engine import queue
 from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, EventIn, Result
+from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now
 from tests.kit.dbserver import truncate_all
 from tests.kit.worker_path import WorkerPath, answer, released
@@ -285,7 +286,7 @@ def run_plan(dsn: str, conn: psycopg.Connection, plan: Plan) -> list[str]:
     truncate_all(conn)
     destinations = [add_destination(conn, max_in_flight=cap) for cap in plan.caps]
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", destinations)
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", destinations)
                                     for _ in range(plan.events)])
     found: list[str] = []
     done = threading.Event()
@@ -334,7 +335,7 @@ def test_a_cap_set_or_removed_while_deliveries_are_in_flight(
     one, never drives the counter away from the slots really held."""
     dest = add_destination(conn)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", [dest]) for _ in range(10)])
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", [dest]) for _ in range(10)])
     path = WorkerPath(dsn, "w", lease_ms=LEASE_MS, breaker=NO_BREAKER)
     try:
         uncapped = path.claim(4)

@@ -19,8 +19,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from engine import queries, queue
-from engine.database import run_statement
+from engine import queries, queue, queue_async
+from engine.queries import Statement
+from engine.sql_params import (
+    ClaimBatchParams,
+    LockCappedDestinationsParams,
+    RefillSlotsParams,
+    ReturnClaimsParams,
+)
 from tests.kit.dbserver import DatabaseFactory
 
 pytestmark = pytest.mark.pg_versions
@@ -114,14 +120,15 @@ tx = pytest.fixture(rolled_back, name="tx")
 
 
 def explain(
-    conn: psycopg.Connection, mode: str, statement: bytes, types: str, params: list[object],
+    conn: psycopg.Connection, mode: str, statement: Statement, types: str, params: list[object],
     runs: int = 3,
 ) -> Plan:
     """EXPLAIN ANALYZE a prepared `statement` under `plan_cache_mode = mode`, `runs` times,
     each in a savepoint rolled back; returns the last run (warm caches)."""
     conn.execute(sql.SQL("SET LOCAL plan_cache_mode = {}").format(sql.SQL(mode)))
     conn.execute(
-        sql.SQL("PREPARE measured ({}) AS {}").format(sql.SQL(types), sql.SQL(statement.decode()))
+        sql.SQL("PREPARE measured ({}) AS {}").format(
+            sql.SQL(types), sql.SQL(statement.sql.decode()))
     )
     query = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE measured ({})").format(
         sql.SQL(", ").join(sql.Literal(p) for p in params)
@@ -168,10 +175,32 @@ def report(
     print(f"\n{what} ({mode}): execution {ms:.3f} ms, planning {explained['Planning Time']} ms")
 
 
+LOCK_CAPPED = LockCappedDestinationsParams(
+    advisory_lock_class=queue.CAPPED_CLAIM_LOCK_CLASS, limit=queue.CAPPED_LOCKS_PER_CLAIM)
+
+
+def claim_params(worker: str, limit: int, capped: list[int]) -> ClaimBatchParams:
+    """claim_batch.sql's parameters as the worker's claim binds them, with 12 first
+    attempts reserved, `capped` locked, and no destination left out or rate-limited."""
+    return ClaimBatchParams(
+        worker_id=worker, limit=limit, first_attempt_reserve=12, lease_ms=LEASE_MS,
+        capped_destination_ids=capped, destination_ids=[], rate_limited_destination_ids=[],
+        tokens=[])
+
+
+def claim_in(tx: psycopg.Connection, worker: str, limit: int) -> list[queue.Claim]:
+    """The claim's statements (queue_async.claim_batch's, no destination here being
+    rate-limited) inside `tx`'s transaction, which the test rolls back: the in-flight
+    state a plan is measured against."""
+    locked = queries.LOCK_CAPPED_DESTINATIONS.run_sync(tx, LOCK_CAPPED).fetchall()
+    params = claim_params(worker, limit, [row[0] for row in locked])
+    return [queue.Claim(*row) for row in queries.CLAIM_BATCH.run_sync(tx, params).fetchall()]
+
+
 def claim_all(conn: psycopg.Connection, workers: int, prefix: str) -> list[queue.Claim]:
     claims: list[queue.Claim] = []
     for n in range(workers):
-        claims += queue.claim_batch(conn, f"{prefix}{n}", 50, LEASE_MS)
+        claims += claim_in(conn, f"{prefix}{n}", 50)
     return claims
 
 
@@ -182,7 +211,7 @@ def assert_reads_no_table_whole(plan: Plan) -> None:
 
 
 def explain_claim(tx: psycopg.Connection, mode: str) -> Plan:
-    params = queue.claim_params("plan-test", 50, LEASE_MS, 12, [])
+    params = claim_params("plan-test", 50, [])
     return explain(tx, mode, queries.CLAIM_BATCH, "text, int, int, int, bigint[]", list(params))
 
 
@@ -263,7 +292,7 @@ def test_a_capped_claim_reads_only_the_room_under_its_cap(
     tx.execute("UPDATE destinations SET max_in_flight = 5 WHERE id = 1")
     add_burst(tx)  # destination 1 now has 2,100 due deliveries
     tx.execute("ANALYZE deliveries")
-    params = queue.claim_params("plan-test", 50, LEASE_MS, 12, [1])
+    params = claim_params("plan-test", 50, [1])
     explained = explain(tx, mode, queries.CLAIM_BATCH, "text, int, int, int, bigint[]",
                         list(params))
     report(record_property, "claim_batch_capped", mode, explained)
@@ -284,7 +313,7 @@ def test_a_slot_refill_reads_only_the_slots_it_refills(
     tx.execute("UPDATE destinations SET max_in_flight = 5 WHERE id = 1")
     add_burst(tx)  # destination 1 now has 2,100 due deliveries
     tx.execute("ANALYZE deliveries")
-    mine = [c for c in queue.claim_batch(tx, "plan-test", 50, LEASE_MS)
+    mine = [c for c in claim_in(tx, "plan-test", 50)
             if c.destination_id == 1]
     assert len(mine) == 5
     started = tx.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
@@ -292,9 +321,10 @@ def test_a_slot_refill_reads_only_the_slots_it_refills(
                             c.claim_token) for c in mine]
     # In the top-level transaction, not a savepoint: refill_slots.sql refills only the
     # destinations whose rows this transaction wrote.
-    run_statement(tx, queries.RECORD_RESULTS, queue.record_params("plan-test", results,
-                                                                  None, [1]))
-    params = list(queue.refill_params("plan-test", LEASE_MS, {1: 5}, {1: 3}))
+    queries.RECORD_RESULTS.run_sync(
+        tx, queue_async.record_params("plan-test", results, None, [1]))
+    params = list(RefillSlotsParams(worker_id="plan-test", lease_ms=LEASE_MS,
+                                    destination_ids=[1], slots=[5], spares=[3]))
     explained = explain(tx, mode, queries.REFILL_SLOTS, "text, int, bigint[], int[], int[]",
                         params)
     report(record_property, "refill_slots", mode, explained)
@@ -316,7 +346,7 @@ def test_record_results_finds_its_rows_by_primary_key(
 ) -> None:
     # Most of the queue in flight, as under load: 19 workers holding 50 each.
     claim_all(tx, 18, "busy")
-    mine = queue.claim_batch(tx, "plan-test", 50, LEASE_MS)
+    mine = claim_in(tx, "plan-test", 50)
     tx.execute("ANALYZE deliveries")
     started = tx.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
     later = started + dt.timedelta(minutes=5)
@@ -331,7 +361,7 @@ def test_record_results_finds_its_rows_by_primary_key(
         )
         for i, c in enumerate(mine)
     ]
-    params = list(queue.record_params("plan-test", results))
+    params = list(queue_async.record_params("plan-test", results))
     types = "text, json, int, int, int, int"
     explained = explain(tx, mode, queries.RECORD_RESULTS, types, params)
     report(record_property, "record_results", mode, explained)
@@ -355,7 +385,9 @@ def test_reaper_scans_only_in_flight_rows(
     tx.execute("ANALYZE deliveries")
     explained = explain(
         tx, mode, queries.RETURN_CLAIMS, "text, bool, text, int, int",
-        list(queue.return_params(None, True, "lease expired", 10)),
+        list(ReturnClaimsParams(
+            locked_by=None, only_expired=True, reason="lease expired", max_attempts=10,
+            batch_limit=queue.RETURN_BATCH, advisory_lock_class=queue.BREAKER_LOCK_CLASS)),
     )
     report(record_property, "reap_expired", mode, explained)
     lost = cte(explained, "lost")
@@ -376,8 +408,7 @@ def test_a_claim_with_only_capped_work_skips_the_plain_scans(
     tx.execute("UPDATE destinations SET max_in_flight = 5")
     add_burst(tx)
     tx.execute("ANALYZE deliveries")
-    params = queue.claim_params("plan-test", 100, LEASE_MS, 12,
-                                list(range(1, DESTINATIONS + 1)))
+    params = claim_params("plan-test", 100, list(range(1, DESTINATIONS + 1)))
     explained = explain(tx, mode, queries.CLAIM_BATCH, "text, int, int, int, bigint[]",
                         list(params))
     report(record_property, "claim_batch_all_capped", mode, explained)
@@ -400,7 +431,7 @@ def test_a_claim_filled_by_capped_destinations_locks_no_other_rows(
     tx.execute("UPDATE destinations SET max_in_flight = 1000 WHERE id = ANY(%s)", (capped,))
     add_burst(tx)
     tx.execute("ANALYZE deliveries")
-    params = queue.claim_params("plan-test", 100, LEASE_MS, 12, capped)
+    params = claim_params("plan-test", 100, capped)
     explained = explain(tx, mode, queries.CLAIM_BATCH, "text, int, int, int, bigint[]",
                         list(params))
     report(record_property, "claim_batch_filled_by_capped", mode, explained)
@@ -434,7 +465,7 @@ def test_locking_capped_destinations_probes_each_one_not_the_backlog(
         tx.execute("UPDATE deliveries SET next_attempt_at = now() - interval '1 minute'"
                    " WHERE destination_id = 1")
     explained = explain(tx, mode, queries.LOCK_CAPPED_DESTINATIONS, "int, int",
-                        list(queue.lock_capped_params()))
+                        list(LOCK_CAPPED))
     report(record_property, f"lock_capped_destinations_{situation}", mode, explained)
     assert explained["Plan"]["Actual Rows"] == 1
     read = sum(n["Actual Rows"] * n["Actual Loops"] for n in nodes(explained["Plan"])
@@ -459,7 +490,7 @@ def test_locking_capped_destinations_stops_probing_once_it_has_enough(
                " SELECT id, id FROM destinations")
     tx.execute("ANALYZE destinations, deliveries")
     explained = explain(tx, mode, queries.LOCK_CAPPED_DESTINATIONS, "int, int",
-                        list(queue.lock_capped_params()))
+                        list(LOCK_CAPPED))
     report(record_property, "lock_capped_destinations_many", mode, explained)
     assert explained["Plan"]["Actual Rows"] == queue.CAPPED_LOCKS_PER_CLAIM
     probes = max(n["Actual Loops"] for n in nodes(explained["Plan"])

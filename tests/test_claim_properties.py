@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any, ClassVar, NamedTuple
@@ -47,12 +47,12 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from psycopg import AsyncRawCursor
 
 from engine import queries, queue, queue_async, retry
-from engine.database import repeat_until_short_async, run_statement_async
 from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, Claim, EventIn, Result
+from engine.sql_params import ReturnClaimsParams
+from tests.kit import queue_sync
 from tests.kit.data import add_destination
 from tests.kit.dbserver import stop_autovacuum, truncate_all
 from tests.kit.worker_path import WorkerPath, answer, released
@@ -156,7 +156,7 @@ def enqueue_backlog(conn: psycopg.Connection, backlog: Backlog) -> Enqueued:
     for is_ordered in backlog.ordered:
         add_destination(conn, ordered=is_ordered)
     with conn.transaction():
-        queue.enqueue_events(
+        queue_sync.enqueue_events(
             conn, [EventIn("t", str(i), ordering_key=k) for i, k in enumerate(backlog.keys)]
         )
     rows = conn.execute(
@@ -574,9 +574,9 @@ class HeldClaim:
     claim: Claim = field(compare=False)  # as the worker's claim returned it
 
 
-async def _returned(statement: Awaitable[AsyncRawCursor]) -> int:
+async def _returned(conn: psycopg.AsyncConnection, params: ReturnClaimsParams) -> int:
     """Claims one batch of return_claims.sql returned (as queue.return_claims counts)."""
-    row = await (await statement).fetchone()
+    row = await (await queries.RETURN_CLAIMS.run(conn, params)).fetchone()
     return int(row[0]) + int(row[1]) if row else 0
 
 
@@ -633,7 +633,9 @@ class QueueMachine(RuleBasedStateMachine):
     # -- helpers --------------------------------------------------------------------
 
     def _set_clock(self, at: dt.datetime) -> None:
-        self.conn.execute("SELECT set_config('testclock.now', %s, false)", [at.isoformat()])
+        # On the connection's twin too: the replays run there (tests/kit/queue_sync).
+        queue_sync.execute(self.conn, "SELECT set_config('testclock.now', %s, false)",
+                           [at.isoformat()])
         for path in self.paths.values():
             path.execute("SELECT set_config('testclock.now', %s, false)", [at.isoformat()])
 
@@ -731,7 +733,7 @@ class QueueMachine(RuleBasedStateMachine):
             for i, (targets, key) in enumerate(events)
         ]
         with self.conn.transaction():
-            answers = queue.enqueue_events(self.conn, batch)
+            answers = queue_sync.enqueue_events(self.conn, batch)
         expected: dict[tuple[int, int], tuple[str | None, str]] = {}
         for event, (event_id, count) in zip(batch, answers, strict=True):
             assert event_id is not None
@@ -961,14 +963,14 @@ class QueueMachine(RuleBasedStateMachine):
                               [x.paused, x.disabled, x.id])
         elif action == "replay" and self.deliveries:
             d = self.deliveries[sorted(self.deliveries)[index % len(self.deliveries)]]
-            replayed = queue.replay_delivery(self.conn, d.id)
+            replayed = queue_sync.replay_delivery(self.conn, d.id)
             assert replayed == (d.status != "in_flight")
             if replayed:
                 d.status, d.attempt, d.next_attempt_at = "pending", 0, self.clock
         elif action == "replay_dead":
             dead = [d for d in self.deliveries.values()
                     if d.destination == x.id and d.status == "dead"]
-            assert queue.replay_dead(self.conn, x.id, batch=2) == len(dead)
+            assert queue_sync.replay_dead(self.conn, x.id, batch=2) == len(dead)
             for d in dead:
                 d.status, d.attempt, d.next_attempt_at = "pending", 0, self.clock
         elif action == "release_claims":
@@ -987,7 +989,10 @@ class QueueMachine(RuleBasedStateMachine):
         reaper's statement, then the worker's claims and result writes
         (queue_async), with the worker's results."""
         later = self.clock + dt.timedelta(days=30)
-        reap = queue.return_params(None, True, "lease expired", self.max_attempts)
+        reap = ReturnClaimsParams(
+            locked_by=None, only_expired=True, reason="lease expired",
+            max_attempts=self.max_attempts, batch_limit=queue.RETURN_BATCH,
+            advisory_lock_class=queue.BREAKER_LOCK_CLASS)
 
         async def deliver_everything(conn: psycopg.AsyncConnection) -> None:
             async with conn.transaction(force_rollback=True):
@@ -995,15 +1000,14 @@ class QueueMachine(RuleBasedStateMachine):
                                    [later.isoformat()])
                 await conn.execute("UPDATE destinations SET paused = false, disabled = false")
                 # maintenance.reaper.reap_expired, on this connection.
-                await repeat_until_short_async(
-                    lambda: _returned(run_statement_async(conn, queries.RETURN_CLAIMS, reap)),
-                    queue.RETURN_BATCH)
+                while await _returned(conn, reap) >= queue.RETURN_BATCH:
+                    pass
                 while True:
                     cursor = await conn.execute("SELECT count(*) FROM deliveries")
                     row = await cursor.fetchone()
                     if not row or not row[0]:
                         return
-                    claims, _ = await queue_async.claim_batch(
+                    claims = await queue_async.claim_batch(
                         conn, LIVENESS_WORKER, 4, MODEL_LEASE_MS, 1)
                     assert claims, f"{row[0]} deliveries left, but none can be claimed"
                     results = [answer(c, 200, later, self.schedule) for c in claims]
@@ -1067,7 +1071,7 @@ def run_machine(machine: type[QueueMachine], dsn: str, conn: psycopg.Connection)
     clock; the run must have recorded stale results (the token guard's case)."""
     stop_autovacuum(conn)
     for statement in INSTALL_CLOCK:
-        conn.execute(statement)
+        queue_sync.execute(conn, statement)
     machine.conn = conn
     machine.paths = {}
     machine.stale_recorded = 0

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from engine import queue
 from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, Claim, EventIn, Result
+from tests.kit import queue_sync
 from tests.kit.data import add_destination
 
 pytestmark = pytest.mark.pg_versions
@@ -77,13 +78,13 @@ def test_a_result_applies_only_to_the_current_claim(
     conn, destination = token_conn
     for table in ("deliveries", "finished_deliveries", "delivery_attempts", "events"):
         conn.execute(f"DELETE FROM {table}")
-    [(event_id, _)] = queue.enqueue_events(conn, [EventIn("t", "{}", [destination])])
+    [(event_id, _)] = queue_sync.enqueue_events(conn, [EventIn("t", "{}", [destination])])
     claims: list[tuple[str, Claim]] = []  # every claim made, oldest first, with its worker
     current: tuple[str, Claim] | None = None  # the claim the row is in flight under
     finished = False
     for n, (kind, *args) in enumerate(steps):
         if kind == "claim" and not finished:
-            got = queue.claim_batch(conn, args[0], 1, LEASE_MS)
+            got = queue_sync.claim_batch(conn, args[0], 1, LEASE_MS)
             assert len(got) == (0 if current is not None else 1)
             if got:
                 current = (args[0], got[0])
@@ -101,7 +102,7 @@ def test_a_result_applies_only_to_the_current_claim(
         elif kind == "result" and claims:
             worker, claim = claims[-1 - min(args[0], len(claims) - 1)]
             before = row(conn, claim.id)
-            applied = queue.record_results(
+            applied = queue_sync.record_results(
                 conn, worker, [result_of(claim, args[1], f"s{n}")], NO_BREAKER)
             is_current = current is not None and current[1] is claim
             assert applied == is_current, (steps[: n + 1], before, row(conn, claim.id))
@@ -125,15 +126,15 @@ def test_released_then_reclaimed_by_the_same_worker_ignores_the_old_result(
     """The race the token closes, spelled out: the same worker and the same attempt
     number for two claims, which the (locked_by, attempt) guard could not tell apart."""
     destination = add_destination(conn)
-    queue.enqueue_events(conn, [EventIn("t", "{}", [destination])])
-    [first] = queue.claim_batch(conn, "host:1", 1, LEASE_MS)
-    assert queue.record_results(conn, "host:1", [result_of(first, "released", "")]) == 1
-    [second] = queue.claim_batch(conn, "host:1", 1, LEASE_MS)
+    queue_sync.enqueue_events(conn, [EventIn("t", "{}", [destination])])
+    [first] = queue_sync.claim_batch(conn, "host:1", 1, LEASE_MS)
+    assert queue_sync.record_results(conn, "host:1", [result_of(first, "released", "")]) == 1
+    [second] = queue_sync.claim_batch(conn, "host:1", 1, LEASE_MS)
     assert (second.id, second.attempt) == (first.id, first.attempt)
     assert second.claim_token != first.claim_token
-    assert queue.record_results(conn, "host:1", [result_of(first, "delivered", "")]) == 0
+    assert queue_sync.record_results(conn, "host:1", [result_of(first, "delivered", "")]) == 0
     assert row(conn, first.id)[:2] == ("in_flight", 1)  # type: ignore[index]
-    assert queue.record_results(conn, "host:1", [result_of(second, "delivered", "")]) == 1
+    assert queue_sync.record_results(conn, "host:1", [result_of(second, "delivered", "")]) == 1
     assert row(conn, first.id)[0] == "delivered"  # type: ignore[index]
 
 
@@ -143,10 +144,10 @@ def test_a_stalled_claim_transaction_commits_a_lease_from_claim_time(
     """The lease runs from when the rows are claimed, not from BEGIN: a claimer stalled
     inside its transaction for longer than the lease still commits a lease in the future."""
     destination = add_destination(conn)
-    queue.enqueue_events(conn, [EventIn("t", "{}", [destination])])
+    queue_sync.enqueue_events(conn, [EventIn("t", "{}", [destination])])
     with conn.transaction():
         conn.execute("SELECT pg_sleep(1.2)")  # the stall, after BEGIN
-        claimed = queue.claim_batch(conn, "host:1", 1, 1000)
+        claimed = queue_sync.claim_batch(conn, "host:1", 1, 1000)
     assert len(claimed) == 1
     remaining = conn.execute("SELECT locked_until > now() FROM deliveries").fetchone()
     assert remaining == (True,)

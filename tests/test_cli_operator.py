@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from engine import queue
 from engine.cli import main
 from engine.queue import Result
+from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, now
 
 URL = "http://127.0.0.1:9/hook"
@@ -139,9 +140,9 @@ def test_send_and_read_deliveries(cli: Cli, conn: psycopg.Connection, tmp_path: 
 
 
 def make_dead(conn: psycopg.Connection, count_: int) -> list[int]:
-    claims = queue.claim_batch(conn, "w", count_, LEASE_MS)
+    claims = queue_sync.claim_batch(conn, "w", count_, LEASE_MS)
     t = now(conn)
-    queue.record_results(conn, "w", [
+    queue_sync.record_results(conn, "w", [
         Result(c.id, c.attempt, "dead", t, 1, 500, "HTTP 500", "boom", t) for c in claims
     ], queue.BreakerSettings(threshold=100))
     return [c.id for c in claims]

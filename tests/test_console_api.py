@@ -12,6 +12,7 @@ import pytest
 from engine import queue
 from engine.queue import Result
 from engine.testing.ingress_server import IngressProcess
+from tests.kit import queue_sync
 from tests.kit.api import assert_error, make_destination
 
 TOKEN = "console-token"
@@ -41,7 +42,7 @@ def pages(api: IngressProcess, path: str, limit: int) -> list[dict]:
 def record(db: psycopg.Connection, outcomes: dict[int, tuple[str, int | None, int]]) -> None:
     """Claim everything due and record, per destination id, (outcome, status code,
     duration ms), as a worker would."""
-    claims = queue.claim_batch(db, "test:1", 1000, 60_000)
+    claims = queue_sync.claim_batch(db, "test:1", 1000, 60_000)
     started = dt.datetime.now(dt.UTC)
     results = []
     for c in claims:
@@ -50,7 +51,7 @@ def record(db: psycopg.Connection, outcomes: dict[int, tuple[str, int | None, in
         later = started + dt.timedelta(minutes=5) if outcome == "retry" else None
         results.append(Result(c.id, c.attempt, outcome, started, duration, code, error,
                               "<script>alert(1)</script>", later))
-    queue.record_results(db, "test:1", results)
+    queue_sync.record_results(db, "test:1", results)
 
 
 def set_created(db: psycopg.Connection, event_ids: list[int], at: dt.datetime) -> None:
@@ -153,7 +154,7 @@ def test_destination_stats_count_outcomes_and_percentiles(
     # A lost attempt (a worker died holding the claim) counts too, without an answer.
     api.request("POST", "/v1/events", {"type": "t", "payload": 0,
                                        "destination_ids": [healthy["id"]]})
-    assert len(queue.claim_batch(db, "test:lost", 10, 60_000)) == 1
+    assert len(queue_sync.claim_batch(db, "test:lost", 10, 60_000)) == 1
     assert queue.release_claims(db, "test:lost", 10) == 1
     lost = api.request("GET", f"/v1/destinations/{healthy['id']}/stats").json()
     assert (lost["attempts"], lost["transport_error"], lost["pending"]) == (5, 1, 1)

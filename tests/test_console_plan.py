@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 from engine import queries
+from engine.queries import Statement
 from engine.testing.ingress_server import IngressProcess
 from tests.kit.dbserver import DatabaseFactory
 from tests.test_claim_plan import (
@@ -261,8 +262,8 @@ def test_window_statistics_read_the_rollup_not_the_attempts(
         assert 0 < rows_read(plan, "delivery_minutes") <= most, what
 
 
-def explain_plain(tx: psycopg.Connection, statement: bytes) -> Plan:
-    row = tx.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement).fetchone()
+def explain_plain(tx: psycopg.Connection, statement: Statement) -> Plan:
+    row = tx.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.sql).fetchone()
     assert row is not None
     return dict(row[0][0])
 

@@ -17,12 +17,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine import queries, queue
-from engine.database import run_statement
 from engine.duration_histogram import BOUNDS, BUCKETS, bucket_of, percentile
 from engine.ingress.console_api import MAX_WINDOW_S
 from engine.maintenance.fold_minutes import fold_delivery_minutes
 from engine.maintenance.retention import MINUTES_KEPT_S, run_retention
 from engine.queue import BreakerSettings, EventIn, Result
+from engine.sql_params import ConsoleDestinationWindowParams, DestinationStatsParams
+from tests.kit import queue_sync
 from tests.kit.data import add_destination
 from tests.kit.dbserver import truncate_all
 
@@ -180,10 +181,10 @@ def test_the_rollup_counts_exactly_what_the_attempts_say(
     for number, batch in enumerate(batches):
         writer = writers[number % 2]
         worker = f"test:{number % 2}"
-        queue.enqueue_events(db, [EventIn("t", "{}", [destinations[a[0]]]) for a in batch])
+        queue_sync.enqueue_events(db, [EventIn("t", "{}", [destinations[a[0]]]) for a in batch])
         claims: list[queue.Claim] = []
         for _ in range(len(batch)):  # a claim may take fewer of one destination at a time
-            claims += queue.claim_batch(writer, worker, len(batch) - len(claims), 60_000)
+            claims += queue_sync.claim_batch(writer, worker, len(batch) - len(claims), 60_000)
             if len(claims) == len(batch):
                 break
         assert len(claims) == len(batch)
@@ -205,7 +206,7 @@ def test_the_rollup_counts_exactly_what_the_attempts_say(
                                   error, None, later, claim.claim_token))
         # A breaker that never opens: its pauses would keep later batches from claiming.
         never_open = BreakerSettings(threshold=10_000)
-        assert queue.record_results(writer, worker, results, never_open) == len(results)
+        assert queue_sync.record_results(writer, worker, results, never_open) == len(results)
         if lost:  # the worker died holding these: lost attempts, recorded as such
             assert queue.release_claims(db, worker, 10) == lost
         # Nothing left is due: the next batch claims exactly its own deliveries.
@@ -220,12 +221,14 @@ def test_the_rollup_counts_exactly_what_the_attempts_say(
     maintained = db.execute(ROLLUP).fetchall()
     # The console's two readers sum the same histograms (bucket by bucket, in SQL).
     window = {row[0]: row for row in
-              run_statement(db, queries.CONSOLE_DESTINATION_WINDOW, (3600.0,)).fetchall()}
+              queries.CONSOLE_DESTINATION_WINDOW.run_sync(
+                  db, ConsoleDestinationWindowParams(window_seconds=3600.0)).fetchall()}
     for destination in destinations:
         mine = [r for r in maintained if r[1] == destination]
         summed = ([sum(column) for column in zip(*(r[5] for r in mine), strict=True)]
                   if mine else None)
-        stats = run_statement(db, queries.DESTINATION_STATS, (destination, 3600.0, None)).fetchone()
+        stats = queries.DESTINATION_STATS.run_sync(db, DestinationStatsParams(
+            destination_id=destination, window_seconds=3600.0, dead_since=None)).fetchone()
         assert stats is not None and stats[4] == summed
         assert window[destination][5] == summed
         assert stats[0] == window[destination][3] == sum(r[2] + r[3] + r[4] for r in mine)
@@ -268,4 +271,4 @@ def test_fold_skips_rows_a_worker_is_writing_and_retention_removes_old_minutes(
     assert conn.execute("SELECT count(*) FROM delivery_minutes").fetchone() == (2,)
     report = run_retention(conn, retention_days=1 / (24 * 60 * 2))  # 30 s: all of them
     assert report.delivery_minutes == 2
-    assert conn.execute(queries.CONSOLE_MINUTES).fetchall()[-1][1:] == (0, 0)
+    assert queries.CONSOLE_MINUTES.run_sync(conn).fetchall()[-1][1:] == (0, 0)

@@ -14,6 +14,7 @@ from engine import queue
 from engine.signing import generate_secret
 from engine.testing.fakedest import FakeDestination
 from engine.testing.ingress_server import IngressProcess
+from tests.kit import queue_sync
 from tests.kit.data import count, enqueue, finished
 from tests.kit.enginerun import wait_until
 from tests.kit.workers import engine
@@ -101,6 +102,6 @@ def test_a_lost_attempt_counts_against_the_destination_schedule(
         dest = create(api, url="http://127.0.0.1:9/", retry_schedule=["100ms"])
     enqueue(conn, ['{"n": 1}'], [dest["id"]])
     for _ in range(2):
-        assert len(queue.claim_batch(conn, "lost-host:1", 10, 60_000)) == 1
+        assert len(queue_sync.claim_batch(conn, "lost-host:1", 10, 60_000)) == 1
         queue.release_claims(conn, "lost-host:1", max_attempts=10)
     assert finished(conn, dest["id"], "dead") == 1

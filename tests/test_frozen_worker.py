@@ -24,9 +24,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from engine import queue
 from engine.database import IDLE_IN_TRANSACTION_TIMEOUT_MS
 from engine.queue import EventIn
+from tests.kit import queue_sync
 from tests.kit.data import add_destination
 from tests.kit.enginerun import Engine, wait_until
 from tests.kit.hostile_servers import HostileServer
@@ -62,7 +62,7 @@ def test_worker_frozen_in_its_claim_transaction(
         frozen, other = engine.worker_pids()
         with psycopg.connect(dsn) as locker:  # not autocommit: one transaction
             locker.execute("LOCK TABLE destinations IN ACCESS EXCLUSIVE MODE")
-            queue.enqueue_events(locker, [EventIn("t", f'{{"n":{i}}}') for i in range(EVENTS)])
+            queue_sync.enqueue_events(locker, [EventIn("t", f'{{"n":{i}}}') for i in range(EVENTS)])
             wait_until(lambda: claim_session(conn, frozen) == ("active", "Lock"), 30,
                        "the worker's claim waiting on the lock")
             os.kill(frozen, signal.SIGSTOP)
@@ -89,7 +89,7 @@ def test_worker_frozen_in_its_claim_transaction(
                 wait_until(lambda: delivered(conn) == EVENTS, 60, "the other worker's work")
             finally:
                 os.kill(frozen, signal.SIGCONT)
-        queue.enqueue_events(conn, [EventIn("t", f'{{"m":{i}}}') for i in range(EVENTS)])
+        queue_sync.enqueue_events(conn, [EventIn("t", f'{{"m":{i}}}') for i in range(EVENTS)])
         wait_until(lambda: delivered(conn) == 2 * EVENTS, 60, "deliveries after the thaw")
         # The thawed worker found its session gone and reconnected: it is still the same
         # process, and it claims again.

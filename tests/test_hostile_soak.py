@@ -19,9 +19,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from engine import queue
 from engine.queue import EventIn
 from engine.testing.fakedest import FakeDestination
+from tests.kit import queue_sync
 from tests.kit.data import add_destination
 from tests.kit.enginerun import Engine, wait_until
 from tests.kit.hostile_servers import HostileServer, TlsServer
@@ -88,9 +88,9 @@ def test_hostile_soak(dsn: str, conn: psycopg.Connection, tmp_path: Path) -> Non
             while time.monotonic() - begun < BASELINE_S + SOAK_S:
                 if hostile_from is None and time.monotonic() - begun >= BASELINE_S:
                     hostile_from = one(conn, "SELECT now()")
-                    queue.enqueue_events(conn, [EventIn("hostile", '{"h":1}')]
+                    queue_sync.enqueue_events(conn, [EventIn("hostile", '{"h":1}')]
                                          * HOSTILE_DELIVERIES)
-                queue.enqueue_events(conn, [EventIn("tick", f'{{"n":{healthy_events}}}')
+                queue_sync.enqueue_events(conn, [EventIn("tick", f'{{"n":{healthy_events}}}')
                                             for _ in range(HEALTHY_EVENTS_PER_S // 10)])
                 healthy_events += HEALTHY_EVENTS_PER_S // 10
                 # A worker that exits fails the soak with its exit ("worker 1687 exited:

@@ -8,9 +8,9 @@ import json
 import psycopg
 import pytest
 
-from engine import queue
 from engine.queue import Result
 from engine.testing.ingress_server import IngressProcess
+from tests.kit import queue_sync
 from tests.kit.api import assert_error, count, make_destination
 from tests.kit.dbserver import DatabaseFactory
 
@@ -184,7 +184,7 @@ def test_delete_destination_is_soft_and_stops_fan_out(
     ]
     # Its delivery is kept, but the claim (which checks deleted_at) does not hand it out.
     assert count(db, "deliveries") == 2
-    claimed = queue.claim_batch(db, "w", 10, 60_000)
+    claimed = queue_sync.claim_batch(db, "w", 10, 60_000)
     assert [c.destination_id for c in claimed] == [kept["id"]]
     assert count(db, "deliveries") == 2
     second = api.request("POST", "/v1/events", {"type": "t", "payload": {}})
@@ -332,9 +332,9 @@ def test_batch_is_all_or_nothing(api: IngressProcess, db: psycopg.Connection) ->
 
 def finish(db: psycopg.Connection, outcome: str) -> list[int]:
     """Claim everything due and record `outcome` for it, as a worker would."""
-    claims = queue.claim_batch(db, "test:1", 1000, 60_000)
+    claims = queue_sync.claim_batch(db, "test:1", 1000, 60_000)
     started = dt.datetime.now(dt.UTC)
-    queue.record_results(db, "test:1", [
+    queue_sync.record_results(db, "test:1", [
         Result(c.id, c.attempt, outcome, started, 5, 500, "boom", "body") for c in claims
     ])
     return [c.id for c in claims]
@@ -399,7 +399,7 @@ def test_read_delivery_with_attempts_and_replay(
     replayed = api.request("POST", f"/v1/deliveries/{delivery_id}/replay")
     assert replayed.status == 202, replayed
     assert (replayed.json()["status"], replayed.json()["attempt"]) == ("pending", 0)
-    claims = queue.claim_batch(db, "test:1", 10, 60_000)
+    claims = queue_sync.claim_batch(db, "test:1", 10, 60_000)
     assert [c.id for c in claims] == [delivery_id]
     assert_error(api.request("POST", f"/v1/deliveries/{delivery_id}/replay"), 409)
     assert_error(api.request("POST", "/v1/deliveries/987654/replay"), 404)

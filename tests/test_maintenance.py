@@ -18,10 +18,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from engine import queries, queue
-from engine.database import run_statement
+from engine import queries, queue_async
 from engine.maintenance.retention import cutoff_for, run_retention
 from engine.queue import EventIn, Result
+from engine.sql_params import DeliveryIdParams, RetentionBatchParams
+from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now, statuses
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,14 +32,14 @@ ENGINE = [sys.executable, "-c", "from engine.cli import main; raise SystemExit(m
 def test_retention_removes_exactly_what_is_old(conn: psycopg.Connection) -> None:
     dest = add_destination(conn)
     with conn.transaction():
-        events = [e for e, _ in queue.enqueue_events(
+        events = [e for e, _ in queue_sync.enqueue_events(
             conn, [EventIn("t", str(i), [dest]) for i in range(12)])]
     with conn.transaction():
-        nobody = queue.enqueue_events(conn, [EventIn("t", "x", [])])[0][0]  # no delivery
-    claims = {c.event_id: c for c in queue.claim_batch(conn, "w", 10, LEASE_MS)}
+        nobody = queue_sync.enqueue_events(conn, [EventIn("t", "x", [])])[0][0]  # no delivery
+    claims = {c.event_id: c for c in queue_sync.claim_batch(conn, "w", 10, LEASE_MS)}
     t = now(conn)
     # events[0:10] finish (delivered, or dead after one attempt each), 10 and 11 stay queued.
-    queue.record_results(conn, "w", [
+    queue_sync.record_results(conn, "w", [
         Result(claims[e].id, 1, "delivered" if i % 2 else "dead", t, 3, 200)
         for i, e in enumerate(events[:10])
     ])
@@ -100,12 +101,12 @@ def test_retention_interleaved_with_moves_keeps_every_delivery_event(
     way, committed on one connection while retention runs on another."""
     dest = add_destination(conn)
     with conn.transaction():
-        replayed, completed, expired = [e for e, _ in queue.enqueue_events(
+        replayed, completed, expired = [e for e, _ in queue_sync.enqueue_events(
             conn, [EventIn("t", str(i), [dest]) for i in range(3)])]
     conn.execute("UPDATE events SET created_at = now() - interval '40 days'")
-    claims = {c.event_id: c for c in queue.claim_batch(conn, "w", 3, LEASE_MS)}
+    claims = {c.event_id: c for c in queue_sync.claim_batch(conn, "w", 3, LEASE_MS)}
     t = now(conn)
-    queue.record_results(conn, "w", [
+    queue_sync.record_results(conn, "w", [
         Result(claims[e].id, 1, "dead", t, error="refused") for e in (replayed, expired)
     ])
     aged = "UPDATE finished_deliveries SET completed_at = now() - interval '31 days' WHERE id = %s"
@@ -115,14 +116,14 @@ def test_retention_interleaved_with_moves_keeps_every_delivery_event(
             psycopg.connect(dsn, autocommit=True) as retention:
         # Retention has deleted `expired`'s old finished delivery, not committed yet: a
         # replay of it waits for the row, then finds nothing to move.
+        replaying = queue_sync.backend_pid(mover)  # the replay's session (its twin)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             with retention.transaction():
-                row = run_statement(
-                    retention, queries.RETENTION_FINISHED, (cutoff_for(retention, 30), 1)
-                ).fetchone()
+                row = queries.RETENTION_FINISHED.run_sync(retention, RetentionBatchParams(
+                    cutoff=cutoff_for(retention, 30), batch_limit=1)).fetchone()
                 assert row is not None and row[0] == 1
-                replay = pool.submit(queue.replay_delivery, mover, claims[expired].id)
-                wait_for_lock_wait(conn, mover.info.backend_pid)
+                replay = pool.submit(queue_sync.replay_delivery, mover, claims[expired].id)
+                wait_for_lock_wait(conn, replaying)
             assert replay.result(10) is False
 
         conn.execute(aged, [claims[replayed].id])
@@ -130,11 +131,11 @@ def test_retention_interleaved_with_moves_keeps_every_delivery_event(
         # completion moves `completed`'s to finished_deliveries; while neither has
         # committed, retention sees their old rows and keeps both events.
         with mover.transaction():
-            assert run_statement(mover, queries.REPLAY_DELIVERY, (claims[replayed].id,)
-                              ).fetchone()
+            assert queries.REPLAY_DELIVERY.run_sync(
+                mover, DeliveryIdParams(delivery_id=claims[replayed].id)).fetchone()
             delivered = Result(claims[completed].id, 1, "delivered", t, 3, 200)
-            row = run_statement(mover, queries.RECORD_RESULTS,
-                             queue.record_params("w", [delivered])).fetchone()
+            row = queries.RECORD_RESULTS.run_sync(
+                mover, queue_async.record_params("w", [delivered])).fetchone()
             assert row is not None and row[0] == 1
             during = run_retention(retention, retention_days=30)
         after = run_retention(retention, retention_days=30)
@@ -209,8 +210,8 @@ def test_leader_fails_over_when_killed(dsn: str, conn: psycopg.Connection,
             # An expired claim is reaped by the leader.
             add_destination(conn)
             with conn.transaction():
-                queue.enqueue_events(conn, [EventIn("t", "{}")])
-            queue.claim_batch(conn, "lost-host:1", 1, 1)
+                queue_sync.enqueue_events(conn, [EventIn("t", "{}")])
+            queue_sync.claim_batch(conn, "lost-host:1", 1, 1)
             first.popen.send_signal(signal.SIGKILL)
             first.popen.wait(10)
             second.wait_for("leader_acquired", 15)

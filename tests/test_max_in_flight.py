@@ -11,6 +11,7 @@ import pytest
 
 from engine import queue
 from engine.queue import EventIn, Result
+from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now
 from tests.kit.threads import run_threads
 
@@ -28,15 +29,15 @@ def test_claim_stops_at_the_cap_and_refills(conn: psycopg.Connection) -> None:
     capped = add_destination(conn, max_in_flight=3)
     free = add_destination(conn)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", [capped, free]) for _ in range(10)])
-    first = queue.claim_batch(conn, "w", 100, LEASE_MS)
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", [capped, free]) for _ in range(10)])
+    first = queue_sync.claim_batch(conn, "w", 100, LEASE_MS)
     assert sum(c.destination_id == capped for c in first) == 3
     assert sum(c.destination_id == free for c in first) == 10
-    assert queue.claim_batch(conn, "w", 100, LEASE_MS) == []
+    assert queue_sync.claim_batch(conn, "w", 100, LEASE_MS) == []
     done = next(c for c in first if c.destination_id == capped)
     t = now(conn)
-    queue.record_results(conn, "w", [Result(done.id, 1, "delivered", t, 1, 200)])
-    again = queue.claim_batch(conn, "w", 100, LEASE_MS)
+    queue_sync.record_results(conn, "w", [Result(done.id, 1, "delivered", t, 1, 200)])
+    again = queue_sync.claim_batch(conn, "w", 100, LEASE_MS)
     assert [c.destination_id for c in again] == [capped]
 
 
@@ -47,8 +48,9 @@ def test_a_claim_says_whether_it_filled_the_cap(conn: psycopg.Connection) -> Non
     roomy = add_destination(conn, max_in_flight=50)
     free = add_destination(conn)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", [filled, roomy, free]) for _ in range(5)])
-    claims = queue.claim_batch(conn, "w", 100, LEASE_MS)
+        queue_sync.enqueue_events(
+            conn, [EventIn("t", "{}", [filled, roomy, free]) for _ in range(5)])
+    claims = queue_sync.claim_batch(conn, "w", 100, LEASE_MS)
     by_destination = {d: {c.fills_cap for c in claims if c.destination_id == d}
                       for d in (filled, roomy, free)}
     assert by_destination == {filled: {True}, roomy: {False}, free: {False}}
@@ -60,10 +62,10 @@ def test_capped_backlog_does_not_shrink_the_batch(conn: psycopg.Connection) -> N
     capped = add_destination(conn, max_in_flight=2)
     free = add_destination(conn)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", [capped]) for _ in range(50)])
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", [capped]) for _ in range(50)])
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", [free]) for _ in range(20)])
-    got = queue.claim_batch(conn, "w", 10, LEASE_MS)
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", [free]) for _ in range(20)])
+    got = queue_sync.claim_batch(conn, "w", 10, LEASE_MS)
     assert len(got) == 10 and sum(c.destination_id == capped for c in got) == 2
 
 
@@ -71,7 +73,7 @@ def test_cap_holds_under_concurrent_claimers(dsn: str, conn: psycopg.Connection)
     cap = 4
     capped = add_destination(conn, max_in_flight=cap)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", [capped]) for _ in range(300)])
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", [capped]) for _ in range(300)])
     over: list[int] = []
     stop = threading.Event()
 
@@ -80,7 +82,7 @@ def test_cap_holds_under_concurrent_claimers(dsn: str, conn: psycopg.Connection)
         name = f"w{slot}"
         with psycopg.connect(dsn, autocommit=True) as own:
             while not stop.is_set():
-                claims = queue.claim_batch(own, name, rng.randint(1, 5), LEASE_MS)
+                claims = queue_sync.claim_batch(own, name, rng.randint(1, 5), LEASE_MS)
                 seen = in_flight(own, capped)
                 if seen > cap:
                     over.append(seen)
@@ -91,7 +93,7 @@ def test_cap_holds_under_concurrent_claimers(dsn: str, conn: psycopg.Connection)
                     continue
                 t = now(own)
                 outcomes = [rng.choice(["delivered", "delivered", "retry"]) for _ in claims]
-                queue.record_results(own, name, [
+                queue_sync.record_results(own, name, [
                     Result(c.id, c.attempt, o, t, 1, 200, None, None,
                            t if o == "retry" else None)
                     for c, o in zip(claims, outcomes, strict=True)

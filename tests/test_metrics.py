@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import metrics, queue
+from engine import metrics
 from engine.queue import EventIn
+from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination
 
 
@@ -66,8 +67,8 @@ def test_database_gauges_equal_sql(dsn: str, conn: psycopg.Connection) -> None:
     first = add_destination(conn)
     add_destination(conn, breaker="open", paused_until="2999-01-01T00:00:00Z")
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", [first]) for _ in range(5)])
-    queue.claim_batch(conn, "w", 2, LEASE_MS)
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", [first]) for _ in range(5)])
+    queue_sync.claim_batch(conn, "w", 2, LEASE_MS)
     conn.execute("UPDATE deliveries SET next_attempt_at = now() - interval '90 seconds'"
                  " WHERE status = 'pending'")
     # This session's table statistics (n_dead_tup) reach the shared view when it flushes

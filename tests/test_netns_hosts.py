@@ -27,11 +27,11 @@ import psutil
 import psycopg
 import pytest
 
-from engine import queue
 from engine.embedded import _pg_ctl, ensure_server
 from engine.migrate import migrate
 from engine.queue import EventIn
 from engine.testing.fakedest import FakeDestination
+from tests.kit import queue_sync
 from tests.kit.data import add_destination
 from tests.kit.enginerun import Engine, wait_until
 from tests.kit.hostile_servers import HostileServer
@@ -155,7 +155,7 @@ def test_cut_and_frozen_hosts(tmp_path: Path) -> None:
                 nonlocal fed
                 end = time.monotonic() + seconds
                 while time.monotonic() < end:
-                    queue.enqueue_events(conn, [EventIn("t", f'{{"n":{fed + i}}}')
+                    queue_sync.enqueue_events(conn, [EventIn("t", f'{{"n":{fed + i}}}')
                                                 for i in range(EVENTS_PER_TICK)])
                     fed += EVENTS_PER_TICK
                     time.sleep(0.1)
@@ -250,7 +250,7 @@ def test_cap_is_exact_across_hosts(tmp_path: Path) -> None:
                 for engine in (a, b):
                     wait_until(lambda e=engine: len(e.worker_pids()) == 2, 60, "host up")
                 workers = {"a": a.worker_pids(), "b": b.worker_pids()}
-                queue.enqueue_events(conn, [EventIn("t", f'{{"n":{i}}}', [capped])
+                queue_sync.enqueue_events(conn, [EventIn("t", f'{{"n":{i}}}', [capped])
                                             for i in range(CAPPED_TOTAL)])
 
                 def drained() -> bool:

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import queue
 from engine.operational_events import EVENT_TYPES
 from engine.queue import BreakerSettings, Result
+from tests.kit import queue_sync
 from tests.kit.data import add_destination, count, enqueue
 from tests.kit.dbserver import truncate_all
 
@@ -69,7 +69,7 @@ def test_operational_events_always_settle(
     while remaining(db):
         assert rounds < MAX_ROUNDS, db.execute(
             "SELECT type, count(*) FROM events GROUP BY type").fetchall()
-        claims = queue.claim_batch(db, "prop:1", 100, 60_000)
+        claims = queue_sync.claim_batch(db, "prop:1", 100, 60_000)
         if not claims:
             time.sleep(0.003)  # a breaker pause (1-2 ms) running out
             continue
@@ -81,7 +81,7 @@ def test_operational_events_always_settle(
             results.append(Result(claim.id, claim.attempt, outcome, now,
                                   error=None if outcome == "delivered" else "HTTP 500",
                                   next_attempt_at=now if outcome == "retry" else None))
-        queue.record_results(db, "prop:1", results, BREAKER)
+        queue_sync.record_results(db, "prop:1", results, BREAKER)
 
     # Never to the destination it is about.
     assert count(db, "SELECT count(*) FROM finished_deliveries d JOIN events e"

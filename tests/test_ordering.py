@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from engine import queue
 from engine.maintenance.reaper import reap_expired
 from engine.queue import BreakerSettings, EventIn
+from tests.kit import queue_sync
 from tests.kit.data import add_destination
 from tests.kit.dbserver import truncate_all
 from tests.kit.worker_path import WorkerPath, answer
@@ -170,7 +171,7 @@ def run_workers(dsn: str, conn: psycopg.Connection, events: list[EventIn], order
     happened: Counter[str] = Counter()
     half = len(events) // 2
     with conn.transaction():
-        queue.enqueue_events(conn, events[:half])
+        queue_sync.enqueue_events(conn, events[:half])
     running: dict[BaseProcess, str] = {}
 
     def start(n: int) -> None:
@@ -186,7 +187,7 @@ def run_workers(dsn: str, conn: psycopg.Connection, events: list[EventIn], order
             start(n)
         for event_in in events[half:]:
             with conn.transaction():
-                queue.enqueue_events(conn, [event_in])
+                queue_sync.enqueue_events(conn, [event_in])
             dest.changed()
         n = processes
         deadline = time.monotonic() + 120

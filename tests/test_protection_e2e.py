@@ -11,10 +11,10 @@ from pathlib import Path
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import queue
 from engine.queue import EventIn
 from engine.testing.fakedest import FakeDestination
 from engine.testing.ingress_server import IngressProcess
+from tests.kit import queue_sync
 from tests.kit.data import add_destination
 from tests.kit.enginerun import Engine, wait_until
 
@@ -89,7 +89,7 @@ def test_dead_destination_recovers_and_the_other_keeps_pace(
                 fake.control("dying", "ok")
                 outage, outage_ended = "after", now
             with conn.transaction():
-                [(event_id, _)] = queue.enqueue_events(
+                [(event_id, _)] = queue_sync.enqueue_events(
                     conn, [EventIn("t", "{}", [dying, steady])])
             assert event_id is not None
             event_ids.append(event_id)
@@ -164,7 +164,7 @@ def enqueue_a_share_then_a_mix(
     rest = [troubled if i % 5 == 4 else healthy for i in range(then)]
     for targets in (first, rest):
         with conn.transaction():
-            queue.enqueue_events(conn, [EventIn("t", "{}", [t]) for t in targets])
+            queue_sync.enqueue_events(conn, [EventIn("t", "{}", [t]) for t in targets])
 
 
 def test_a_hanging_endpoint_cannot_take_the_healthy_slots(

@@ -10,6 +10,7 @@ import pytest
 from engine import queue
 from engine.maintenance.reaper import reap_expired
 from engine.queue import EventIn, Result
+from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now, statuses
 
 pytestmark = pytest.mark.pg_versions
@@ -21,7 +22,7 @@ def test_enqueue_fans_out_by_event_type(conn: psycopg.Connection) -> None:
     add_destination(conn, event_types=["user.deleted"])
     add_destination(conn, disabled=True)
     with conn.transaction():
-        answers = queue.enqueue_events(
+        answers = queue_sync.enqueue_events(
             conn, [EventIn("order.created", '{"a": 1}'), EventIn("x", "[]", [orders_only])]
         )
     assert [count for _, count in answers] == [2, 1]
@@ -39,7 +40,7 @@ def test_enqueue_refers_only_to_live_destinations(conn: psycopg.Connection) -> N
     live = add_destination(conn)
     deleted = add_destination(conn, deleted_at=now(conn))
     with conn.transaction():
-        answers = queue.enqueue_events(conn, [
+        answers = queue_sync.enqueue_events(conn, [
             EventIn("t", "{}", [live, deleted, 999_999]), EventIn("t", "{}", [deleted]),
             EventIn("t", "{}"),
         ])
@@ -54,9 +55,9 @@ def test_idempotency_key_writes_once(conn: psycopg.Connection) -> None:
     add_destination(conn)
     event = EventIn("t", "{}", idempotency_key="k1", request_hash=b"h")
     with conn.transaction():
-        first = queue.enqueue_events(conn, [event, event])
+        first = queue_sync.enqueue_events(conn, [event, event])
     with conn.transaction():
-        again = queue.enqueue_events(conn, [event])
+        again = queue_sync.enqueue_events(conn, [event])
     assert first[0][0] is not None and first[1][0] is None and again[0][0] is None
     assert conn.execute("SELECT count(*) FROM deliveries").fetchone() == (1,)
 
@@ -64,8 +65,8 @@ def test_idempotency_key_writes_once(conn: psycopg.Connection) -> None:
 def test_claim_returns_everything_needed_and_marks_in_flight(conn: psycopg.Connection) -> None:
     dest = add_destination(conn, timeout_ms=1234)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", '{"x": "é"}')])
-    claims = queue.claim_batch(conn, "w1", 10, LEASE_MS)
+        queue_sync.enqueue_events(conn, [EventIn("t", '{"x": "é"}')])
+    claims = queue_sync.claim_batch(conn, "w1", 10, LEASE_MS)
     assert len(claims) == 1
     claim = claims[0]
     assert claim.destination_id == dest and claim.attempt == 1 and claim.timeout_ms == 1234
@@ -74,14 +75,14 @@ def test_claim_returns_everything_needed_and_marks_in_flight(conn: psycopg.Conne
         "SELECT status::text, locked_by, locked_until > now() + interval '59 s' FROM deliveries"
     ).fetchone()
     assert row == ("in_flight", "w1", True)
-    assert queue.claim_batch(conn, "w2", 10, LEASE_MS) == []
+    assert queue_sync.claim_batch(conn, "w2", 10, LEASE_MS) == []
 
 
 def test_record_results_delivered_retry_dead(conn: psycopg.Connection) -> None:
     add_destination(conn)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}") for _ in range(3)])
-    claims = queue.claim_batch(conn, "w1", 10, LEASE_MS)
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}") for _ in range(3)])
+    claims = queue_sync.claim_batch(conn, "w1", 10, LEASE_MS)
     t = now(conn)
     later = t + dt.timedelta(hours=1)
     results = [
@@ -89,7 +90,7 @@ def test_record_results_delivered_retry_dead(conn: psycopg.Connection) -> None:
         Result(claims[1].id, 1, "retry", t, 5, 500, "HTTP 500", "oops", later),
         Result(claims[2].id, 1, "dead", t, 5, 500, "HTTP 500"),
     ]
-    assert queue.record_results(conn, "w1", results) == 3
+    assert queue_sync.record_results(conn, "w1", results) == 3
     assert statuses(conn) == {
         claims[0].id: "delivered", claims[1].id: "pending", claims[2].id: "dead"
     }
@@ -98,7 +99,7 @@ def test_record_results_delivered_retry_dead(conn: psycopg.Connection) -> None:
         "SELECT next_attempt_at, last_error FROM deliveries WHERE id = %s", (claims[1].id,)
     ).fetchone() == (later, "HTTP 500")
     # Not due yet: nothing to claim.
-    assert queue.claim_batch(conn, "w1", 10, LEASE_MS) == []
+    assert queue_sync.claim_batch(conn, "w1", 10, LEASE_MS) == []
 
 
 def test_result_from_a_worker_that_lost_the_claim_changes_nothing(
@@ -106,13 +107,13 @@ def test_result_from_a_worker_that_lost_the_claim_changes_nothing(
 ) -> None:
     add_destination(conn)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}")])
-    (claim,) = queue.claim_batch(conn, "w1", 10, LEASE_MS)
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}")])
+    (claim,) = queue_sync.claim_batch(conn, "w1", 10, LEASE_MS)
     assert queue.release_claims(conn, "w1", max_attempts=10) == 1
-    (again,) = queue.claim_batch(conn, "w2", 10, LEASE_MS)
+    (again,) = queue_sync.claim_batch(conn, "w2", 10, LEASE_MS)
     assert again.attempt == 2
     late = Result(claim.id, claim.attempt, "delivered", now(conn), 1, 200)
-    assert queue.record_results(conn, "w1", [late]) == 0
+    assert queue_sync.record_results(conn, "w1", [late]) == 0
     assert statuses(conn) == {claim.id: "in_flight"}
     # One attempt row for the lost attempt, none for the late result.
     assert conn.execute("SELECT count(*) FROM delivery_attempts").fetchone() == (1,)
@@ -121,9 +122,9 @@ def test_result_from_a_worker_that_lost_the_claim_changes_nothing(
 def test_reap_returns_only_expired_claims(conn: psycopg.Connection) -> None:
     add_destination(conn)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}") for _ in range(2)])
-    short = queue.claim_batch(conn, "w1", 1, lease_ms=1)
-    long = queue.claim_batch(conn, "w2", 1, LEASE_MS)
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}") for _ in range(2)])
+    short = queue_sync.claim_batch(conn, "w1", 1, lease_ms=1)
+    long = queue_sync.claim_batch(conn, "w2", 1, LEASE_MS)
     conn.execute("SELECT pg_sleep(0.01)")
     assert reap_expired(conn, max_attempts=10) == 1
     assert statuses(conn) == {short[0].id: "pending", long[0].id: "in_flight"}
@@ -134,11 +135,11 @@ def test_paused_and_disabled_destinations_are_skipped(conn: psycopg.Connection) 
     disabled = add_destination(conn, disabled=True)
     healthy = add_destination(conn)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", [paused, disabled, healthy])])
-    claims = queue.claim_batch(conn, "w1", 10, LEASE_MS)
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", [paused, disabled, healthy])])
+    claims = queue_sync.claim_batch(conn, "w1", 10, LEASE_MS)
     assert [c.destination_id for c in claims] == [healthy]
     conn.execute("UPDATE destinations SET paused = false, disabled = false")
-    assert {c.destination_id for c in queue.claim_batch(conn, "w1", 10, LEASE_MS)} == {
+    assert {c.destination_id for c in queue_sync.claim_batch(conn, "w1", 10, LEASE_MS)} == {
         paused, disabled
     }
 
@@ -146,60 +147,60 @@ def test_paused_and_disabled_destinations_are_skipped(conn: psycopg.Connection) 
 def test_ordered_destination_releases_one_at_a_time(conn: psycopg.Connection) -> None:
     dest = add_destination(conn, ordered=True)
     with conn.transaction():
-        queue.enqueue_events(
+        queue_sync.enqueue_events(
             conn,
             [EventIn("t", str(i), [dest], ordering_key=k) for i, k in enumerate("aab")],
         )
-    first = queue.claim_batch(conn, "w1", 10, LEASE_MS)
+    first = queue_sync.claim_batch(conn, "w1", 10, LEASE_MS)
     assert sorted(c.payload for c in first) == ["0", "2"]
-    assert queue.claim_batch(conn, "w1", 10, LEASE_MS) == []
+    assert queue_sync.claim_batch(conn, "w1", 10, LEASE_MS) == []
     a0 = next(c for c in first if c.payload == "0")
     t = now(conn)
-    queue.record_results(conn, "w1", [Result(a0.id, 1, "retry", t, 1, 500, "e", None, t)])
+    queue_sync.record_results(conn, "w1", [Result(a0.id, 1, "retry", t, 1, 500, "e", None, t)])
     # A failed head stays at the head: the next one of key 'a' waits behind it.
-    assert [c.payload for c in queue.claim_batch(conn, "w1", 10, LEASE_MS)] == ["0"]
+    assert [c.payload for c in queue_sync.claim_batch(conn, "w1", 10, LEASE_MS)] == ["0"]
 
 
 def test_breaker_opens_after_threshold_and_probe_closes(conn: psycopg.Connection) -> None:
     dest = add_destination(conn)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}") for _ in range(8)])
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}") for _ in range(8)])
     settings = queue.BreakerSettings(threshold=5, base_pause_ms=1, max_pause_ms=10)
-    claims = queue.claim_batch(conn, "w1", 5, LEASE_MS)
+    claims = queue_sync.claim_batch(conn, "w1", 5, LEASE_MS)
     t = now(conn)
     failures = [Result(c.id, 1, "retry", t, 1, 500, "e", None, t) for c in claims]
-    queue.record_results(conn, "w1", failures, settings)
+    queue_sync.record_results(conn, "w1", failures, settings)
     assert conn.execute(
         "SELECT breaker::text, consecutive_failures FROM destinations"
     ).fetchone() == ("open", 5)
     conn.execute("SELECT pg_sleep(0.01)")
-    probe = queue.claim_batch(conn, "w1", 10, LEASE_MS)
+    probe = queue_sync.claim_batch(conn, "w1", 10, LEASE_MS)
     assert len(probe) == 1 and probe[0].destination_id == dest
     assert conn.execute("SELECT breaker::text FROM destinations").fetchone() == ("half_open",)
-    assert queue.claim_batch(conn, "w2", 10, LEASE_MS) == []
+    assert queue_sync.claim_batch(conn, "w2", 10, LEASE_MS) == []
     ok = Result(probe[0].id, probe[0].attempt, "delivered", now(conn), 1, 200)
-    queue.record_results(conn, "w1", [ok], settings)
+    queue_sync.record_results(conn, "w1", [ok], settings)
     assert conn.execute(
         "SELECT breaker::text, consecutive_failures, paused_until FROM destinations"
     ).fetchone() == ("closed", 0, None)
-    assert len(queue.claim_batch(conn, "w1", 10, LEASE_MS)) == 7
+    assert len(queue_sync.claim_batch(conn, "w1", 10, LEASE_MS)) == 7
 
 
 def test_replay_dead_moves_back_as_first_attempts(conn: psycopg.Connection) -> None:
     dest = add_destination(conn)
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}") for _ in range(7)])
-    claims = queue.claim_batch(conn, "w1", 10, LEASE_MS)
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}") for _ in range(7)])
+    claims = queue_sync.claim_batch(conn, "w1", 10, LEASE_MS)
     t = now(conn)
     dead = [Result(c.id, 1, "dead", t, 1, 500, "e") for c in claims]
-    queue.record_results(conn, "w1", dead, queue.BreakerSettings(threshold=100))
-    assert queue.replay_dead(conn, dest, batch=3) == 7
+    queue_sync.record_results(conn, "w1", dead, queue.BreakerSettings(threshold=100))
+    assert queue_sync.replay_dead(conn, dest, batch=3) == 7
     assert set(statuses(conn).values()) == {"pending"}
-    again = queue.claim_batch(conn, "w1", 10, LEASE_MS)
+    again = queue_sync.claim_batch(conn, "w1", 10, LEASE_MS)
     assert {c.attempt for c in again} == {1}
 
 
 @pytest.mark.parametrize("outcome", ["bogus"])
 def test_unknown_outcome_is_refused(conn: psycopg.Connection, outcome: str) -> None:
     with pytest.raises(ValueError):
-        queue.record_results(conn, "w", [Result(1, 1, outcome, now(conn))])
+        queue_sync.record_results(conn, "w", [Result(1, 1, outcome, now(conn))])

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import queue, queue_async
+from engine import queue_async
 from engine.queue import Claim
+from tests.kit import queue_sync
 from tests.kit.data import add_destination, enqueue
 from tests.kit.dbserver import truncate_all
 
@@ -65,7 +66,7 @@ def test_one_claimer_takes_the_rate(conn: psycopg.Connection) -> None:
     started = time.monotonic()
     claims: list[Claim] = []
     while time.monotonic() - started < SECONDS:
-        claims += queue.claim_batch(conn, "w:1", 100, 60_000)
+        claims += queue_sync.claim_batch(conn, "w:1", 100, 60_000)
         time.sleep(0.02)
     assert_within_rate(claims)
 
@@ -78,7 +79,7 @@ def test_concurrent_claimers_share_one_schedule(conn: psycopg.Connection, dsn: s
     def claimer(name: str) -> None:
         with psycopg.connect(dsn, autocommit=True) as own:
             while time.monotonic() - started < SECONDS:
-                claims.extend(queue.claim_batch(own, name, 100, 60_000))
+                claims.extend(queue_sync.claim_batch(own, name, 100, 60_000))
 
     threads = [threading.Thread(target=claimer, args=(f"w:{i}",)) for i in range(3)]
     for thread in threads:
@@ -98,7 +99,7 @@ def test_concurrent_pipelined_claimers_share_one_schedule(
     async def claimer(name: str) -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as own:
             while time.monotonic() - started < SECONDS:
-                claims.extend((await queue_async.claim_batch(own, name, 100, 60_000)).claims)
+                claims.extend(await queue_async.claim_batch(own, name, 100, 60_000))
 
     async def main() -> None:
         await asyncio.gather(*(claimer(f"w:{i}") for i in range(3)))
@@ -111,7 +112,7 @@ def test_concurrent_pipelined_claimers_share_one_schedule(
 def test_unused_send_times_go_back(conn: psycopg.Connection, max_in_flight: int | None) -> None:
     dest = add_destination(conn, rate_limit=1000.0, max_in_flight=max_in_flight)
     enqueue(conn, ['{"n": 1}', '{"n": 2}'], [dest])
-    claims = queue.claim_batch(conn, "w:1", 100, 60_000)
+    claims = queue_sync.claim_batch(conn, "w:1", 100, 60_000)
     # A second's worth (the claim's limit of 100) was booked, two were used.
     assert len(claims) == 2
     first, second = send_times(claims)
@@ -134,13 +135,13 @@ def test_a_claim_that_finds_little_leaves_the_rest_to_the_next(
     claim just after one that found a single delivery got nothing.)"""
     dest = add_destination(conn, rate_limit=10.0, max_in_flight=max_in_flight)
     enqueue(conn, ['{"n": 0}'], [dest])
-    claimed = len(queue.claim_batch(conn, "w:1", 100, 60_000))
+    claimed = len(queue_sync.claim_batch(conn, "w:1", 100, 60_000))
     # Idle for longer than a second: what may be sent at once is as much as it can be.
     time.sleep(1.1)
     enqueue(conn, ['{"n": 1}'], [dest])
-    claimed += len(queue.claim_batch(conn, "w:1", 100, 60_000))
+    claimed += len(queue_sync.claim_batch(conn, "w:1", 100, 60_000))
     enqueue(conn, [f'{{"n": {i}}}' for i in range(2, 7)], [dest])
-    claimed += len(queue.claim_batch(conn, "w:1", 100, 60_000))
+    claimed += len(queue_sync.claim_batch(conn, "w:1", 100, 60_000))
     assert claimed == 7
     row = conn.execute("SELECT in_flight FROM destinations WHERE id = %s", [dest]).fetchone()
     assert row == ((0 if max_in_flight is None else 7),)
@@ -171,17 +172,18 @@ def test_booked_send_times_keep_the_rate_and_use_it(
     with psycopg.connect(dsn, autocommit=True) as conn:
         truncate_all(conn)
         for statement in FROZEN_CLOCK:
-            conn.execute(statement)
+            queue_sync.execute(conn, statement)
         dest = add_destination(conn, rate_limit=rate, max_in_flight=1000 if capped else None)
         clock = CLOCK_START
         pending = claimed = 0
         booked: list[dt.datetime] = []
         for advance_ms, new, limit in steps:
             clock += dt.timedelta(milliseconds=advance_ms)
-            conn.execute("SELECT set_config('testclock.now', %s, false)", [clock.isoformat()])
+            queue_sync.execute(conn, "SELECT set_config('testclock.now', %s, false)",
+                               [clock.isoformat()])
             enqueue(conn, [f'{{"n": {i}}}' for i in range(new)], [dest])
             pending += new
-            claims = queue.claim_batch(conn, "w:1", limit, 60_000)
+            claims = queue_sync.claim_batch(conn, "w:1", limit, 60_000)
             pending -= len(claims)
             claimed += len(claims)
             row = conn.execute("SELECT rate_next_send_at, in_flight FROM destinations"

@@ -23,12 +23,24 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from engine import queries, queue
+from engine import queries, queue, queue_async
 from engine.config import Settings
 from engine.database import open_database
 from engine.oplog import Outage
+from engine.queries import Statement
+from engine.sql_params import (
+    BreakerDeferParams,
+    ClaimBatchParams,
+    DeliveryIdParams,
+    LockCappedDestinationsParams,
+    RefillSlotsParams,
+    ReplayDeadParams,
+    RetentionBatchParams,
+    ReturnClaimsParams,
+)
 from engine.status import collect_status
 from engine.worker.connection import connect
+from tests.kit import queue_sync
 
 pytestmark = pytest.mark.pg_versions
 
@@ -66,23 +78,23 @@ def fill(conn: psycopg.Connection) -> dict[str, Any]:
             " SELECT 'http://127.0.0.1:9/' || g, 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw',"
             "        CASE WHEN g % 2 = 0 THEN 5 END"
             " FROM generate_series(1, 6) g RETURNING id").fetchall()]
-        queue.enqueue_events(conn, [
+        queue_sync.enqueue_events(conn, [
             queue.EventIn("order.created", json.dumps({"n": n}), [dests[n % len(dests)]])
             for n in range(60)])
-    claims = queue.claim_batch(conn, "jit-test", 20, LEASE_MS)
+    claims = queue_sync.claim_batch(conn, "jit-test", 20, LEASE_MS)
     assert claims, "the test data is wrong: nothing to claim"
     with conn.transaction():
         conn.execute("UPDATE destinations SET breaker = 'open',"
                      " paused_until = now() + interval '1 hour' WHERE id = %s", (dests[0],))
     started = dt.datetime.now(dt.UTC)
-    dead = queue.claim_batch(conn, "jit-dead", 1, LEASE_MS)
-    queue.record_results(conn, "jit-dead", [
+    dead = queue_sync.claim_batch(conn, "jit-dead", 1, LEASE_MS)
+    queue_sync.record_results(conn, "jit-dead", [
         queue.Result(c.id, c.attempt, "dead", started, 5, 500, "HTTP 500") for c in dead])
     conn.execute("ANALYZE")
     return {"claims": claims, "destinations": dests, "started": started}
 
 
-def hot_statements(data: dict[str, Any]) -> list[tuple[str, bytes, Sequence[object]]]:
+def hot_statements(data: dict[str, Any]) -> list[tuple[str, Statement, Sequence[object]]]:
     """(name, statement, parameters) of every statement on the delivery path and in
     maintenance, with the parameters the engine would pass."""
     claims: list[queue.Claim] = data["claims"]
@@ -96,36 +108,52 @@ def hot_statements(data: dict[str, Any]) -> list[tuple[str, bytes, Sequence[obje
     events = [queue.EventIn("order.created", '{"n": 1}', data["destinations"][1:3]),
               queue.EventIn("order.created", '{"n": 2}')]
     cutoff = started + dt.timedelta(days=1)
+    capped = data["destinations"][1::2]
+
+    def returned(locked_by: str | None, only_expired: bool, reason: str
+                 ) -> ReturnClaimsParams:
+        return ReturnClaimsParams(
+            locked_by=locked_by, only_expired=only_expired, reason=reason,
+            max_attempts=MAX_ATTEMPTS, batch_limit=queue.RETURN_BATCH,
+            advisory_lock_class=queue.BREAKER_LOCK_CLASS)
+
     return [
         ("lock_capped_destinations", queries.LOCK_CAPPED_DESTINATIONS,
-         queue.lock_capped_params()),
-        ("claim_batch", queries.CLAIM_BATCH,
-         queue.claim_params("jit-test-2", 50, LEASE_MS, 12, data["destinations"][1::2])),
-        ("record_results", queries.RECORD_RESULTS, queue.record_params("jit-test", results)),
-        ("refill_slots", queries.REFILL_SLOTS,
-         queue.refill_params("jit-test", LEASE_MS, dict.fromkeys(data["destinations"][1::2], 2))),
-        ("release_claims", queries.RETURN_CLAIMS,
-         queue.return_params("jit-test", False, "worker exited", MAX_ATTEMPTS)),
-        ("reap_expired", queries.RETURN_CLAIMS,
-         queue.return_params(None, True, "lease expired", MAX_ATTEMPTS)),
-        ("enqueue_events", queries.ENQUEUE_EVENTS, queue._enqueue_params(events)),
-        ("breaker_defer", queries.BREAKER_DEFER, (100,)),
-        ("retention_finished", queries.RETENTION_FINISHED, (cutoff, 100)),
-        ("retention_events", queries.RETENTION_EVENTS, (cutoff, 100)),
-        ("replay_dead", queries.REPLAY_DEAD, (data["destinations"][0], None, cutoff, 100)),
-        ("replay_delivery", queries.REPLAY_DELIVERY, (claims[0].id,)),
+         LockCappedDestinationsParams(advisory_lock_class=queue.CAPPED_CLAIM_LOCK_CLASS,
+                                      limit=queue.CAPPED_LOCKS_PER_CLAIM)),
+        ("claim_batch", queries.CLAIM_BATCH, ClaimBatchParams(
+            worker_id="jit-test-2", limit=50, first_attempt_reserve=12, lease_ms=LEASE_MS,
+            capped_destination_ids=capped, destination_ids=[],
+            rate_limited_destination_ids=[], tokens=[])),
+        ("record_results", queries.RECORD_RESULTS,
+         queue_async.record_params("jit-test", results)),
+        ("refill_slots", queries.REFILL_SLOTS, RefillSlotsParams(
+            worker_id="jit-test", lease_ms=LEASE_MS, destination_ids=capped,
+            slots=[2] * len(capped), spares=[0] * len(capped))),
+        ("release_claims", queries.RETURN_CLAIMS, returned("jit-test", False, "worker exited")),
+        ("reap_expired", queries.RETURN_CLAIMS, returned(None, True, "lease expired")),
+        ("enqueue_events", queries.ENQUEUE_EVENTS, queue_async.enqueue_params(events)),
+        ("breaker_defer", queries.BREAKER_DEFER, BreakerDeferParams(batch_limit=100)),
+        ("retention_finished", queries.RETENTION_FINISHED,
+         RetentionBatchParams(cutoff=cutoff, batch_limit=100)),
+        ("retention_events", queries.RETENTION_EVENTS,
+         RetentionBatchParams(cutoff=cutoff, batch_limit=100)),
+        ("replay_dead", queries.REPLAY_DEAD, ReplayDeadParams(
+            destination_id=data["destinations"][0], since=None, until=cutoff,
+            batch_limit=100)),
+        ("replay_delivery", queries.REPLAY_DELIVERY, DeliveryIdParams(delivery_id=claims[0].id)),
         ("metrics_gauges", queries.METRICS_GAUGES, ()),
     ]
 
 
-def explain(conn: psycopg.Connection, mode: str, statement: bytes,
+def explain(conn: psycopg.Connection, mode: str, statement: Statement,
             params: Sequence[object]) -> dict[str, Any]:
     """EXPLAIN (ANALYZE, FORMAT JSON) of `statement` prepared (the server infers the
     parameter types, as psycopg's automatic prepare lets it) and executed once under
     `plan_cache_mode = mode`, in a transaction that is rolled back."""
     with conn.transaction(force_rollback=True):
         conn.execute(sql.SQL("SET LOCAL plan_cache_mode = {}").format(sql.SQL(mode)))
-        conn.execute(sql.SQL("PREPARE measured AS {}").format(sql.SQL(statement.decode())))
+        conn.execute(sql.SQL("PREPARE measured AS {}").format(sql.SQL(statement.sql.decode())))
         arguments = sql.SQL("")
         if params:
             arguments = sql.SQL("({})").format(

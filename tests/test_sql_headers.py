@@ -1,7 +1,7 @@
-"""Every engine/sql/ statement's header lists its parameters, every statement with two or
-more is bound through a typed tuple (engine/sql_params.py) built by keyword, and the
-header's names are the tuple's fields in order: a parameter reordered on one side fails
-here instead of writing the wrong column."""
+"""Every engine/sql/ statement is declared once in engine/queries.py with the type its
+parameters are bound through (engine/sql_params.py), its header lists those parameters,
+and the header's names are the type's fields in order: a parameter reordered on one side
+fails here instead of writing the wrong column. Types are built by keyword."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from engine import queries, sql_params
-from engine.sql_params import STATEMENT_PARAMETERS
+from engine.queries import STATEMENTS, Statement
 
-SQL_DIR = Path(queries.__file__).with_name("sql")
+SQL_DIR = queries.SQL_DIR
+SQL_FILES = sorted(SQL_DIR.rglob("*.sql"))
 SQL_TYPE = r"(?:text|int|bigint|bool|float8|timestamptz|json|jsonb|bytea)(?:\[\])?"
 # "$5 capped destination ids bigint[]": the number, the name, the type.
 DEFINITION = re.compile(rf"\$(\d+)\s+([A-Za-z][\w\- ]*?)\s+{SQL_TYPE}(?=[\s,:;(]|$)")
@@ -40,7 +41,16 @@ def header_names(header: str) -> list[str]:
     return [names[n] for n in sorted(names)]
 
 
-@pytest.mark.parametrize("path", sorted(SQL_DIR.glob("*.sql")), ids=lambda p: p.stem)
+def test_every_file_is_one_declared_statement_and_every_statement_one_file() -> None:
+    stems = [path.stem for path in SQL_FILES]
+    assert len(stems) == len(set(stems)), "two files under engine/sql/ share a name"
+    assert sorted(stems) == sorted(STATEMENTS), "a file without a Statement, or the reverse"
+    for name, statement in STATEMENTS.items():
+        assert getattr(queries, name.upper()) is statement
+        assert statement.sql == next(SQL_DIR.rglob(f"{name}.sql")).read_bytes()
+
+
+@pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: p.stem)
 def test_every_parameter_a_statement_binds_is_in_its_header(path: Path) -> None:
     header, body = split(path)
     assert header, f"{path.name} has no header comment"
@@ -50,49 +60,124 @@ def test_every_parameter_a_statement_binds_is_in_its_header(path: Path) -> None:
     assert used == set(range(1, len(used) + 1)), f"{path.name}: gaps in {sorted(used)}"
 
 
-@pytest.mark.parametrize("name", sorted(STATEMENT_PARAMETERS))
-def test_each_header_names_the_parameters_in_the_order_their_tuple_binds_them(
+@pytest.mark.parametrize("name", sorted(STATEMENTS))
+def test_each_header_names_the_parameters_in_the_order_their_type_binds_them(
     name: str,
 ) -> None:
-    header, body = split(SQL_DIR / f"{name}.sql")
-    fields = list(STATEMENT_PARAMETERS[name]._fields)  # type: ignore[attr-defined]
+    statement = STATEMENTS[name]
+    header, body = split(next(SQL_DIR.rglob(f"{name}.sql")))
+    used = {int(n) for n in PARAMETER.findall(body)}
+    if statement.params is None:
+        assert not used, f"{name} binds parameters but declares no type for them"
+        return
+    fields = list(statement.params._fields)  # type: ignore[attr-defined]
     assert header_names(header) == fields
-    assert max(int(n) for n in PARAMETER.findall(body)) == len(fields)
-    # The statement the tuple binds is the one engine.queries loads under that name.
-    assert getattr(queries, name.upper()) == (SQL_DIR / f"{name}.sql").read_bytes()
+    assert max(used) == len(fields)
 
 
-@pytest.mark.parametrize("path", sorted(SQL_DIR.glob("*.sql")), ids=lambda p: p.stem)
-def test_every_statement_with_two_or_more_parameters_has_a_tuple(path: Path) -> None:
-    # One parameter cannot be bound in the wrong order; two or more can, so a new
-    # statement's tuple must not be forgotten.
-    _, body = split(path)
-    if len(set(PARAMETER.findall(body))) >= 2:
-        assert path.stem in STATEMENT_PARAMETERS, f"{path.name} has no tuple in sql_params.py"
+def test_a_statement_refuses_parameters_not_of_its_type() -> None:
+    # A bare tuple (or another statement's type) would bind by position unchecked.
+    claim = Statement.__new__(Statement)
+    claim.name, claim.params, claim.sql = "x", sql_params.DeliveryIdParams, b""
+    assert claim._bound(sql_params.DeliveryIdParams(delivery_id=1)) == (1,)
+    with pytest.raises(TypeError):
+        claim._bound((1,))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        claim._bound(sql_params.EventIdParams(event_id=1))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        queries.DATABASE_NOW._bound((1,))  # type: ignore[arg-type]
 
 
-TUPLES = {tuple_.__name__ for tuple_ in STATEMENT_PARAMETERS.values()}
+TYPES = {statement.params.__name__ for statement in STATEMENTS.values() if statement.params}
 ENGINE_DIR = Path(sql_params.__file__).parent
 
 
 @pytest.mark.parametrize(
     "path", sorted(ENGINE_DIR.rglob("*.py")), ids=lambda p: str(p.relative_to(ENGINE_DIR))
 )
-def test_the_engine_binds_statements_through_their_tuples_built_by_keyword(path: Path) -> None:
-    # By keyword, a field moved in its tuple still gets its own value: the header test
-    # above then catches the statement that no longer matches. A literal tuple or list
-    # passed right after `queries.NAME` bypasses the tuple (a statement chosen through a
-    # variable is not seen here; its tuple is still built by keyword).
-    wrong: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if not isinstance(node, ast.Call):
-            continue
-        if isinstance(node.func, ast.Name) and node.func.id in TUPLES and node.args:
-            wrong.append(f"{path.name}:{node.lineno} builds {node.func.id} by position")
-        for statement, params in zip(node.args, node.args[1:], strict=False):
-            if (isinstance(statement, ast.Attribute) and isinstance(statement.value, ast.Name)
-                    and statement.value.id == "queries"
-                    and statement.attr.lower() in STATEMENT_PARAMETERS
-                    and isinstance(params, ast.Tuple | ast.List)):
-                wrong.append(f"{path.name}:{node.lineno} binds {statement.attr} without its tuple")
+def test_the_engine_builds_parameter_types_by_keyword(path: Path) -> None:
+    # By keyword, a field moved in its type still gets its own value: the header test
+    # above then catches the statement that no longer matches.
+    wrong = [
+        f"{path.name}:{node.lineno} builds {node.func.id} by position"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id in TYPES and node.args
+    ]
     assert not wrong
+
+
+# Every statement the engine runs is a file (engine/queries.py runs them). The rule, over
+# every engine/**/*.py but engine/queries.py: no string literal (str, bytes, or an
+# f-string's leading text) starts with an SQL command in capitals followed by a space or
+# a line break ("SELECT ...", "NOTIFY ...", b"SET ..."; "DELETE" alone is an HTTP method).
+# Two kinds are allowed:
+# - the literal of psycopg's sql.SQL(...): a statement whose identifiers vary (a database,
+#   table, setting or channel name), which a file's $n placeholders cannot bind;
+# - f-strings in the functions below, which write SQL out as text for a person or a file
+#   (schema/current.sql, the autovacuum advice) instead of running it.
+SQL_COMMAND = re.compile(
+    r"\s*(?:SELECT|INSERT|UPDATE|DELETE|WITH|VALUES|TABLE|NOTIFY|LISTEN|UNLISTEN|SET|RESET"
+    r"|SHOW|BEGIN|START|COMMIT|ROLLBACK|SAVEPOINT|CREATE|DROP|ALTER|TRUNCATE|VACUUM"
+    r"|ANALYZE|EXPLAIN|COPY|LOCK|DO|CALL|PREPARE|EXECUTE|DEALLOCATE|DECLARE|FETCH|GRANT"
+    r"|REVOKE|DISCARD|REFRESH|CLUSTER|REINDEX|COMMENT)[ \n]")
+WRITTEN_NOT_RUN = {
+    ("schema_dump.py", "dump_schema"), ("schema_dump.py", "_table"),
+    ("autovacuum_advice.py", "statement"),
+}
+
+
+def sql_literals(source: str, file_name: str) -> list[str]:
+    """The string literals of `source` (the module `file_name`) that read as an SQL
+    statement, as `line: text`."""
+    tree = ast.parse(source)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def allowed(node: ast.AST) -> bool:
+        parent = parents.get(node)
+        if isinstance(parent, ast.Call) and node in parent.args and (
+                getattr(parent.func, "attr", None) == "SQL"
+                or getattr(parent.func, "id", None) == "SQL"):
+            return True
+        while parent is not None and not isinstance(parent, ast.FunctionDef):
+            parent = parents.get(parent)
+        return (isinstance(node, ast.JoinedStr) and parent is not None
+                and (file_name, parent.name) in WRITTEN_NOT_RUN)
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and not isinstance(parents.get(node), ast.JoinedStr):
+            value = node.value
+            text = value.decode("latin-1") if isinstance(value, bytes) else value
+        elif isinstance(node, ast.JoinedStr) and isinstance(node.values[0], ast.Constant):
+            text = node.values[0].value
+        else:
+            continue
+        if isinstance(text, str) and SQL_COMMAND.match(text) and not allowed(node):
+            found.append(f"{node.lineno}: {text[:40]!r}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p in ENGINE_DIR.rglob("*.py") if p != Path(queries.__file__)),
+    ids=lambda p: str(p.relative_to(ENGINE_DIR)),
+)
+def test_every_statement_the_engine_runs_is_a_file(path: Path) -> None:
+    assert not sql_literals(path.read_text(), path.name), "SQL in Python: make it a file"
+
+
+def test_the_file_rule_sees_sql_in_python() -> None:
+    source = """
+A = "SELECT 1"
+B = b"NOTIFY x"
+C = f"SET x = {y}"
+D = "DELETE"
+E = sql.SQL("LISTEN {}")
+F = "Select the rows"
+def _table(name):
+    return f"CREATE TABLE {name} ();"
+"""
+    assert [found.split(":")[0] for found in sql_literals(source, "other.py")] == [
+        "2", "3", "4", "9"]
+    assert [found.split(":")[0] for found in sql_literals(source, "schema_dump.py")] == [
+        "2", "3", "4"]

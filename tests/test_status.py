@@ -12,6 +12,7 @@ import psycopg
 from engine import queue
 from engine.queue import EventIn, Result
 from engine.status import EXPIRED_IN_FLIGHT_WARN, collect_status
+from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now
 
 ENGINE = [sys.executable, "-m", "engine.cli"]
@@ -28,16 +29,16 @@ def build_state(conn: psycopg.Connection) -> tuple[int, int, int]:
     down = add_destination(conn, url="http://127.0.0.1:9/down")
     quiet = add_destination(conn, url="http://127.0.0.1:9/quiet")
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", [busy]) for _ in range(30)])
-        queue.enqueue_events(conn, [EventIn("t", "{}", [down, quiet]) for _ in range(5)])
-    claims = queue.claim_batch(conn, "w", 12, LEASE_MS)
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", [busy]) for _ in range(30)])
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", [down, quiet]) for _ in range(5)])
+    claims = queue_sync.claim_batch(conn, "w", 12, LEASE_MS)
     t = now(conn)
-    queue.record_results(conn, "w", [
+    queue_sync.record_results(conn, "w", [
         Result(c.id, c.attempt, "dead" if i < 3 else "retry", t, 1, 500, "e", None,
                t + dt.timedelta(hours=1))
         for i, c in enumerate(claims[:6])
     ], queue.BreakerSettings(threshold=100))
-    queue.claim_batch(conn, "w", 4, LEASE_MS)
+    queue_sync.claim_batch(conn, "w", 4, LEASE_MS)
     conn.execute("UPDATE deliveries SET locked_until = now() - interval '1 minute'"
                  " WHERE id IN (SELECT id FROM deliveries WHERE status = 'in_flight' LIMIT 2)")
     conn.execute("UPDATE destinations SET breaker = 'open', paused_until = now() + interval"
@@ -96,8 +97,8 @@ def test_warnings_reaper_and_autovacuum(conn: psycopg.Connection) -> None:
     dest = add_destination(conn)
     count = EXPIRED_IN_FLIGHT_WARN
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", [dest]) for _ in range(count)])
-    queue.claim_batch(conn, "lost", count, 1)
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", [dest]) for _ in range(count)])
+    queue_sync.claim_batch(conn, "lost", count, 1)
     conn.execute("UPDATE deliveries SET locked_until = now() - interval '1 minute'")
     status = collect_status(conn)
     assert any(w.startswith("lease reaper busy") for w in status["warnings"])
@@ -105,7 +106,7 @@ def test_warnings_reaper_and_autovacuum(conn: psycopg.Connection) -> None:
     # for it here so that it cannot catch up while the test looks.
     conn.execute("ALTER TABLE events SET (autovacuum_enabled = false)")
     with conn.transaction():
-        queue.enqueue_events(conn, [EventIn("t", "{}", []) for _ in range(300)])
+        queue_sync.enqueue_events(conn, [EventIn("t", "{}", []) for _ in range(300)])
     conn.execute("DELETE FROM events WHERE delivery_count = 0")
     conn.execute("SELECT pg_stat_force_next_flush()")
     status = collect_status(conn)

@@ -44,7 +44,7 @@ from typing import Any
 
 import psycopg
 
-from engine import queue
+from engine import queries, queue_async
 from engine.domain import EventIn
 from engine.testing.fakedest import FakeDestination
 from tests.kit.data import add_destination
@@ -168,6 +168,12 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                 proc.wait()
 
 
+def enqueue(conn: psycopg.Connection, events: list[EventIn]) -> None:
+    """Ingress's insert (queue_async.enqueue_events' statement and parameters) on this
+    autocommit connection: one statement, committed when it returns."""
+    queries.ENQUEUE_EVENTS.run_sync(conn, queue_async.enqueue_params(events))
+
+
 def stress(args: argparse.Namespace, out: Path, dsn: str, conn: psycopg.Connection,
            servers: dict[str, Any], fake: FakeDestination) -> dict[str, Any]:
     def url(host: str, behaviour: str, name: str = "x") -> str:
@@ -214,13 +220,12 @@ def stress(args: argparse.Namespace, out: Path, dsn: str, conn: psycopg.Connecti
                                   env={**os.environ, "PYTHONFAULTHANDLER": "1",
                                        "PYTHONPATH": str(ROOT)})
         try:
-            queue.enqueue_events(conn, [EventIn("hostile", '{"h":1}')]
-                                 * args.hostile_per_destination)
+            enqueue(conn, [EventIn("hostile", '{"h":1}')] * args.hostile_per_destination)
             per_tick = max(1, args.healthy_per_s // 10)
             while time.monotonic() - began < args.minutes * 60:
                 if engine.poll() is not None:
                     break
-                queue.enqueue_events(conn, [EventIn("tick", f'{{"n":{ticks}}}')] * per_tick)
+                enqueue(conn, [EventIn("tick", f'{{"n":{ticks}}}')] * per_tick)
                 ticks += per_tick
                 time.sleep(0.1)
         finally:

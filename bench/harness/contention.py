@@ -1,6 +1,7 @@
 """contention: N claiming processes x claim size against one shared backlog, the claim
-path alone (claim_batch, then record_results marking every claimed row delivered; no
-HTTP), so what is measured is what SKIP LOCKED and the claim index do under concurrency.
+path alone (the worker's queue_async.claim_batch, then record_results marking every
+claimed row delivered; no HTTP), so what is measured is what SKIP LOCKED and the claim
+index do under concurrency.
 
 Per cell: claims/s, deliveries/s, rows returned per claim against rows asked (a claimer
 that skips rows locked by another comes back short), lock waits sampled every 100 ms from
@@ -8,6 +9,7 @@ pg_stat_activity and pg_locks, and claim latency p50/p99 as the claimers timed i
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import multiprocessing as mp
 import time
@@ -15,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import uvloop
 
 from bench.harness import stack
 from bench.harness.live import Live
 from bench.harness.report import Report, figure
-from engine import queue
+from engine import queue, queue_async
+from engine.database import session_options
 
 PROCS = (1, 2, 4, 8)
 SIZES = (1, 10, 50, 200, 500)
@@ -35,25 +39,33 @@ LOCK_WAITS = (SQL / "lock_waits.sql").read_text()
 
 def claimer(dsn: str, size: int, start_at: float, stop_at: float, out: mp.Queue) -> None:
     """One claiming process: claim, mark delivered, repeat until `stop_at` (monotonic)."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        out.put(runner.run(claim_until(dsn, size, start_at, stop_at)))
+
+
+async def claim_until(dsn: str, size: int, start_at: float, stop_at: float) -> dict[str, Any]:
+    """The worker's claim and result write (queue_async.claim_batch, .record_results) on a
+    session opened with the worker's options (generic plans, the timeouts)."""
     worker = queue.worker_id("contention")
     latencies: list[float] = []
     claims = rows = 0
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT 1")
+    async with await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, options=session_options(dsn)) as conn:
+        await conn.execute("SELECT 1")
         while time.monotonic() < start_at:
-            time.sleep(0.001)
+            await asyncio.sleep(0.001)
         while time.monotonic() < stop_at:
             began = time.perf_counter()
-            got = queue.claim_batch(conn, worker, size, LEASE_MS)
+            got = await queue_async.claim_batch(conn, worker, size, LEASE_MS)
             latencies.append(time.perf_counter() - began)
             claims += 1
             rows += len(got)
             if got:
                 now = dt.datetime.now(dt.UTC)
-                queue.record_results(conn, worker, [
+                await queue_async.record_results(conn, worker, [
                     queue.Result(c.id, c.attempt, "delivered", now, duration_ms=1,
-                                 status_code=200) for c in got])
-    out.put({"claims": claims, "rows": rows, "latencies": latencies})
+                                 status_code=200, claim_token=c.claim_token) for c in got])
+    return {"claims": claims, "rows": rows, "latencies": latencies}
 
 
 def run_cell(dsn: str, destinations: list[int], procs: int, size: int, seconds: float

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from engine import queries
-from engine.sql_params import DemoAttemptsParams
+from engine.sql_params import DemoAttemptsParams, DestinationIdsParams
 
 RECENT_ATTEMPTS = 8
 RECENT_CHANGES = 6
@@ -71,12 +71,10 @@ class Watcher:
 
     def snapshot(self, accepted: int) -> Snapshot:
         ids = list(self.names)
-        cursor = psycopg.RawCursor(self.conn)
-        rows = [DestinationRow(self.names[r[0]], *r) for r in
-                cursor.execute(queries.DEMO_DESTINATIONS, (ids,)).fetchall()]
-        attempts = cursor.execute(
-            queries.DEMO_ATTEMPTS, DemoAttemptsParams(destination_ids=ids, limit=RECENT_ATTEMPTS)
-        ).fetchall()
+        rows = [DestinationRow(self.names[r[0]], *r) for r in queries.DEMO_DESTINATIONS.run_sync(
+            self.conn, DestinationIdsParams(destination_ids=ids)).fetchall()]
+        attempts = queries.DEMO_ATTEMPTS.run_sync(
+            self.conn, DemoAttemptsParams(destination_ids=ids, limit=RECENT_ATTEMPTS)).fetchall()
         now = time.monotonic()
         for row in rows:
             before = self._states.get(row.id)

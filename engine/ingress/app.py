@@ -20,7 +20,7 @@ import psycopg
 import psycopg_pool
 
 from engine import metrics as engine_metrics
-from engine import queries, queue
+from engine import queries, queue_async
 from engine.config import Settings
 from engine.domain import EventIn
 from engine.ingress import errors, store
@@ -259,7 +259,7 @@ class IngressApp(DestinationApi, ConsoleApi):
     async def replay_delivery(self, request: Request) -> Response:
         assert request.path_id is not None
         async with self._connection() as conn:
-            replayed = await queue.replay_delivery_async(conn, request.path_id)
+            replayed = await queue_async.replay_delivery(conn, request.path_id)
             delivery = await store.read_delivery_row(conn, request.path_id)
         if delivery is None:
             raise errors.not_found("delivery")
@@ -272,7 +272,7 @@ class IngressApp(DestinationApi, ConsoleApi):
     async def healthz(self, request: Request) -> Response:
         try:
             async with self._connection() as conn:
-                await conn.execute(queries.SESSION_ALIVE)
+                await queries.SESSION_ALIVE.run(conn)
         except (ApiError, psycopg.Error, psycopg_pool.PoolTimeout):
             raise errors.unavailable("the database is unreachable") from None
         return json_response(200, s.Health("ok", "ok"))

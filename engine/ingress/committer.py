@@ -30,15 +30,14 @@ import psycopg
 from psycopg.types.array import ListBinaryDumper
 from psycopg.types.string import StrBinaryDumper
 
-from engine import queries, queue
-from engine.database import run_statement_async
+from engine import queries, queue_async
 from engine.domain import EventIn
 from engine.ingress import errors
 from engine.ingress.errors import ApiError
 from engine.ingress.schemas import EventAccepted
 from engine.liveness import closed_by_server
 from engine.oplog import Outage
-from engine.queries import NOTIFY_CHANNEL
+from engine.sql_params import AcceptFindKeysParams, DestinationIdsParams
 
 if TYPE_CHECKING:
     from engine.ingress.dbgate import DatabaseGate
@@ -59,9 +58,6 @@ CONNECT_TIMEOUT_S = 5
 # Test hook, only active when set: sleep this long after a commit before answering, so a
 # test can kill the process between the two.
 PAUSE_AFTER_COMMIT_ENV = "ENGINE_INGRESS_TEST_PAUSE_AFTER_COMMIT_S"
-
-_NOTIFY = f"NOTIFY {NOTIFY_CHANNEL}".encode()
-
 
 @dataclass(eq=False)
 class Submission:
@@ -248,10 +244,10 @@ class Committer:
                         await conn.close()
                     if conn is None or conn.closed:
                         conn = await self._connect("engine ingress notify")
-                    await conn.execute(_NOTIFY)
+                    await queue_async.notify_deliveries(conn)
                 except psycopg.Error as exc:
                     # Workers also poll; a lost wake-up only delays delivery a little.
-                    log.warning("NOTIFY after commit failed: %s", exc)
+                    log.warning("the wake-up after a commit failed: %s", exc)
                     if conn is not None:
                         await conn.close()
                     conn = None
@@ -287,8 +283,8 @@ class Committer:
         if listed:
             # Refused before anything is written. A destination deleted between this check
             # and the insert simply gets no delivery (the insert skips deleted ones).
-            cursor = await run_statement_async(
-                conn, queries.ACCEPT_FIND_DESTINATIONS, (list(listed),))
+            cursor = await queries.ACCEPT_FIND_DESTINATIONS.run(
+                conn, DestinationIdsParams(destination_ids=list(listed)))
             found = {row[0] for row in await cursor.fetchall()}
             for submission in batch:
                 unknown = sorted(
@@ -332,14 +328,15 @@ class Committer:
         Idempotency-Key was used before with a different request, and whether any
         delivery was created."""
         events = [e for s in batch for e in s.events]
-        rows = await queue.enqueue_events_async(conn, events)
+        rows = await queue_async.enqueue_events(conn, events)
         repeated = {
             e.idempotency_key for e, (event_id, _) in zip(events, rows, strict=True)
             if event_id is None
         }
         first_answers: dict[str, tuple[int, int, bytes]] = {}
         if repeated:
-            cursor = await run_statement_async(conn, queries.ACCEPT_FIND_KEYS, (list(repeated),))
+            cursor = await queries.ACCEPT_FIND_KEYS.run(
+                conn, AcceptFindKeysParams(idempotency_keys=list(repeated)))
             for key, event_id, count, request_hash in await cursor.fetchall():
                 first_answers[key] = (event_id, count, bytes(request_hash or b""))
         results: dict[Submission, list[EventAccepted]] = {}

@@ -12,24 +12,26 @@ import time
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, AsyncRawCursor
+from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from engine import queries, status
-from engine.database import run_statement_async
 from engine.duration_histogram import percentile
 from engine.ingress import schemas as s
+from engine.queries import Statement
 from engine.sql_params import (
     ConsoleDeadDeliveriesParams,
     ConsoleDeliveriesParams,
+    ConsoleDestinationWindowParams,
     ConsoleEventsParams,
     DestinationStatsParams,
+    StatusDestinationsParams,
 )
 
 
-async def _fetchall(conn: AsyncConnection, statement: bytes, params: tuple) -> list[tuple]:
-    cursor = await run_statement_async(conn, statement, params)
-    return await cursor.fetchall()
+async def _fetchall(conn: AsyncConnection, statement: Statement, params: tuple | None
+                    ) -> list[tuple]:
+    return await (await statement.run(conn, params)).fetchall()
 
 
 async def list_events(
@@ -95,10 +97,9 @@ FANOUT_REFRESH_S = 300.0
 _fanout: dict[str, Any] = {"at": -math.inf, "queue": {}}
 
 
-async def _rows(conn: AsyncConnection, statement: bytes, params: tuple = ()) -> list[dict]:
-    cursor = AsyncRawCursor(conn, row_factory=dict_row)
-    await cursor.execute(statement, params)
-    return await cursor.fetchall()
+async def _rows(conn: AsyncConnection, statement: Statement, params: tuple | None = None
+                ) -> list[dict]:
+    return await (await statement.run(conn, params, row_factory=dict_row)).fetchall()
 
 
 async def _fanout_figures(conn: AsyncConnection) -> dict[str, Any]:
@@ -110,7 +111,7 @@ async def _fanout_figures(conn: AsyncConnection) -> dict[str, Any]:
 
 async def _statement_shares(conn: AsyncConnection) -> dict | None:
     """What status.collect_status reads from pg_stat_statements, on the asyncio side."""
-    if not await _rows(conn, b"SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'"):
+    if not await _rows(conn, queries.PG_STAT_STATEMENTS_INSTALLED):
         return None
     try:
         async with conn.transaction():
@@ -125,21 +126,22 @@ async def overview(conn: AsyncConnection, window_s: float) -> s.Overview:
     _fanout_figures; plus the per-minute chart and each destination's window."""
     fanout = await _fanout_figures(conn)
     async with conn.transaction():
-        await conn.execute(queries.SNAPSHOT_READ_ONLY)
+        await queries.SNAPSHOT_READ_ONLY.run(conn)
         depth = (await _rows(conn, queries.STATUS_QUEUE))[0]
         collected: dict[str, Any] = {
             "queue": {**depth, **fanout},
             "breakers": (await _rows(conn, queries.STATUS_BREAKERS))[0],
-            "destinations": await _rows(conn, queries.STATUS_DESTINATIONS,
-                                        (status.TOP_DESTINATIONS,)),
+            "destinations": await _rows(conn, queries.STATUS_DESTINATIONS, StatusDestinationsParams(
+                top_n=status.TOP_DESTINATIONS)),
             "tables": await _rows(conn, queries.STATUS_TABLES),
             "pg_stat_statements": await _statement_shares(conn),
             # The ingress pool's session: opened like every engine process's.
             "settings": (await _rows(conn, queries.STATUS_SETTINGS))[0],
         }
-        minutes = await _fetchall(conn, queries.CONSOLE_MINUTES, ())
-        destinations = await _fetchall(conn, queries.CONSOLE_DESTINATION_WINDOW, (window_s,))
-        now = await _fetchall(conn, b"SELECT now()", ())
+        minutes = await _fetchall(conn, queries.CONSOLE_MINUTES, None)
+        destinations = await _fetchall(conn, queries.CONSOLE_DESTINATION_WINDOW,
+                                      ConsoleDestinationWindowParams(window_seconds=window_s))
+        now = await _fetchall(conn, queries.DATABASE_NOW, None)
     return s.Overview(
         at=now[0][0],
         window_s=window_s,

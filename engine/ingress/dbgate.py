@@ -129,7 +129,7 @@ class DatabaseGate:
             application_name=f"{APPLICATION_NAME} probe",
         )
         async with conn:
-            await conn.execute(queries.SESSION_ALIVE)
+            await queries.SESSION_ALIVE.run(conn)
 
     async def _renew(self, stale: psycopg_pool.AsyncConnectionPool) -> None:
         """Replace `stale` by a fresh pool (once, however many requests found it stale)."""

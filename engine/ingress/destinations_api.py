@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
 
-from engine import queue
+from engine import queue_async
 from engine.destination_options import (
     OptionError,
     check_headers,
@@ -152,5 +152,5 @@ class DestinationApi:
         async with self._connection() as conn:
             if await store.read_destination(conn, request.path_id) is None:
                 raise errors.not_found("destination")
-            replayed = await queue.replay_dead_async(conn, request.path_id, body.since)
+            replayed = await queue_async.replay_dead(conn, request.path_id, body.since)
         return json_response(202, s.ReplayAccepted(replayed))

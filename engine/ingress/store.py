@@ -7,14 +7,17 @@ import msgspec
 from psycopg import AsyncConnection
 
 from engine import queries
-from engine.database import run_statement_async
 from engine.destination_options import format_duration
 from engine.ingress.schemas import Attempt, Delivery, DeliveryDetail, Destination, Event
+from engine.queries import Statement
 from engine.sql_params import (
     ApiDeliveriesListParams,
     ApiDestinationCreateParams,
     ApiDestinationDeliveriesListParams,
     ApiDestinationPatchParams,
+    DeliveryIdParams,
+    DestinationIdParams,
+    EventIdParams,
 )
 
 _json = msgspec.json.Encoder()
@@ -52,14 +55,14 @@ def _destination(row: tuple, with_secret: bool = False) -> Destination:
     return destination
 
 
-async def _fetchone(conn: AsyncConnection, statement: bytes, params: tuple) -> tuple | None:
-    cursor = await run_statement_async(conn, statement, params)
-    return await cursor.fetchone()
+async def _fetchone(conn: AsyncConnection, statement: Statement, params: tuple | None
+                    ) -> tuple | None:
+    return await (await statement.run(conn, params)).fetchone()
 
 
-async def _fetchall(conn: AsyncConnection, statement: bytes, params: tuple) -> list[tuple]:
-    cursor = await run_statement_async(conn, statement, params)
-    return await cursor.fetchall()
+async def _fetchall(conn: AsyncConnection, statement: Statement, params: tuple | None
+                    ) -> list[tuple]:
+    return await (await statement.run(conn, params)).fetchall()
 
 
 async def create_destination(
@@ -79,11 +82,12 @@ async def create_destination(
 
 
 async def list_destinations(conn: AsyncConnection) -> list[Destination]:
-    return [_destination(row) for row in await _fetchall(conn, queries.API_DESTINATIONS_LIST, ())]
+    return [_destination(row) for row in await _fetchall(conn, queries.API_DESTINATIONS_LIST, None)]
 
 
 async def read_destination(conn: AsyncConnection, destination_id: int) -> Destination | None:
-    row = await _fetchone(conn, queries.API_DESTINATION_READ, (destination_id,))
+    row = await _fetchone(conn, queries.API_DESTINATION_READ,
+                           DestinationIdParams(destination_id=destination_id))
     return _destination(row) if row else None
 
 
@@ -114,23 +118,25 @@ async def patch_destination(
 
 
 async def delete_destination(conn: AsyncConnection, destination_id: int) -> bool:
-    return await _fetchone(conn, queries.API_DESTINATION_DELETE, (destination_id,)) is not None
+    return await _fetchone(conn, queries.API_DESTINATION_DELETE,
+                           DestinationIdParams(destination_id=destination_id)) is not None
 
 
 async def _row_with_its_rows(
-    conn: AsyncConnection, read: bytes, read_its_rows: bytes, key: int,
+    conn: AsyncConnection, read: Statement, read_its_rows: Statement, key: tuple,
 ) -> tuple[tuple, list[tuple]] | None:
     """One row by its id and the rows that belong to it (an event's deliveries, a
-    delivery's attempts); None when there is no such row."""
-    row = await _fetchone(conn, read, (key,))
+    delivery's attempts); None when there is no such row. Both statements take `key`."""
+    row = await _fetchone(conn, read, key)
     if row is None:
         return None
-    return row, await _fetchall(conn, read_its_rows, (key,))
+    return row, await _fetchall(conn, read_its_rows, key)
 
 
 async def read_event(conn: AsyncConnection, event_id: int) -> Event | None:
     found = await _row_with_its_rows(
-        conn, queries.API_EVENT_READ, queries.API_EVENT_DELIVERIES, event_id)
+        conn, queries.API_EVENT_READ, queries.API_EVENT_DELIVERIES,
+        EventIdParams(event_id=event_id))
     if found is None:
         return None
     (event_id, type_, payload, ordering_key, idempotency_key, created_at), rows = found
@@ -162,7 +168,8 @@ async def list_deliveries(
 
 async def read_delivery(conn: AsyncConnection, delivery_id: int) -> DeliveryDetail | None:
     found = await _row_with_its_rows(
-        conn, queries.API_DELIVERY_READ, queries.API_DELIVERY_ATTEMPTS, delivery_id)
+        conn, queries.API_DELIVERY_READ, queries.API_DELIVERY_ATTEMPTS,
+        DeliveryIdParams(delivery_id=delivery_id))
     if found is None:
         return None
     row, rows = found
@@ -170,6 +177,7 @@ async def read_delivery(conn: AsyncConnection, delivery_id: int) -> DeliveryDeta
 
 
 async def read_delivery_row(conn: AsyncConnection, delivery_id: int) -> Delivery | None:
-    row = await _fetchone(conn, queries.API_DELIVERY_READ, (delivery_id,))
+    row = await _fetchone(conn, queries.API_DELIVERY_READ,
+                          DeliveryIdParams(delivery_id=delivery_id))
     return Delivery(*row) if row else None
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from psycopg import Connection
 
 from engine import queries
-from engine.database import run_statement
 from engine.sql_params import AutoDisableParams
 
 
@@ -29,6 +28,6 @@ class AutoDisableReport:
 def run_once(conn: Connection, settings: AutoDisableSettings) -> AutoDisableReport:
     params = AutoDisableParams(disable_after_seconds=settings.disable_after_s)
     with conn.transaction():
-        row = run_statement(conn, queries.AUTO_DISABLE, params).fetchone()
+        row = queries.AUTO_DISABLE.run_sync(conn, params).fetchone()
     assert row is not None
     return AutoDisableReport(disabled=int(row[0]), operational_events=int(row[1]))

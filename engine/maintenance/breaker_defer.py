@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from psycopg import Connection
 
 from engine import queries
-from engine.database import repeat_until_short, run_statement
+from engine.database import repeat_until_short
 from engine.maintenance.budget import within_budget
 from engine.sql_params import BreakerDeferParams
 
@@ -39,7 +39,7 @@ def defer_open_breakers(
 
     def one_batch() -> int:
         with conn.transaction():
-            return run_statement(conn, queries.BREAKER_DEFER, params).rowcount
+            return queries.BREAKER_DEFER.run_sync(conn, params).rowcount
 
     return repeat_until_short(one_batch, batch, within_budget(budget_s, keep_going))[0]
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from psycopg import Connection
 
 from engine import queries
-from engine.database import repeat_until_short, run_statement
+from engine.database import repeat_until_short
 from engine.maintenance.budget import within_budget
+from engine.sql_params import FoldDeliveryMinutesParams
 
 FOLD_MINUTES_BATCH = 5000
 FOLD_MINUTES_BUDGET_S = 5.0
@@ -37,9 +38,11 @@ def fold_delivery_minutes(
 ) -> int:
     """Fold the per-writer delivery_minutes rows of finished minutes, a batch per short
     transaction, for at most `budget_s`; returns the rows folded away."""
+    params = FoldDeliveryMinutesParams(batch_limit=batch)
+
     def one_batch() -> int:
         with conn.transaction():
-            row = run_statement(conn, queries.FOLD_DELIVERY_MINUTES, (batch,)).fetchone()
+            row = queries.FOLD_DELIVERY_MINUTES.run_sync(conn, params).fetchone()
         return int(row[0]) if row else 0
 
     return repeat_until_short(one_batch, batch, within_budget(budget_s, keep_going))[0]

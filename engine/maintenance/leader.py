@@ -12,7 +12,7 @@ from __future__ import annotations
 import psycopg
 
 from engine import queries
-from engine.database import run_statement
+from engine.sql_params import LeaderSessionTimeoutParams, LockKeyParams
 
 # pg_advisory_lock key naming "engine maintenance leader" (one-bigint key space).
 LEADER_LOCK_KEY = 0x656E67696E656C  # "engineL"
@@ -43,8 +43,10 @@ class Leadership:
             keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=2,
         )
         try:
-            run_statement(conn, queries.LEADER_SESSION_TIMEOUT, (f"{IDLE_SESSION_TIMEOUT_S}s",))
-            row = run_statement(conn, queries.LEADER_TRY_LOCK, (LEADER_LOCK_KEY,)).fetchone()
+            queries.LEADER_SESSION_TIMEOUT.run_sync(conn, LeaderSessionTimeoutParams(
+                idle_session_timeout=f"{IDLE_SESSION_TIMEOUT_S}s"))
+            row = queries.LEADER_TRY_LOCK.run_sync(
+                conn, LockKeyParams(lock_key=LEADER_LOCK_KEY)).fetchone()
         except psycopg.Error:
             conn.close()
             raise
@@ -59,7 +61,7 @@ class Leadership:
         if self._conn is None:
             return False
         try:
-            self._conn.execute(queries.SESSION_ALIVE)
+            queries.SESSION_ALIVE.run_sync(self._conn)
             return True
         except psycopg.Error:
             self.release()

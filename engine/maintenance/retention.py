@@ -11,9 +11,14 @@ from dataclasses import dataclass
 from psycopg import Connection
 
 from engine import queries
-from engine.database import repeat_until_short, run_statement
+from engine.database import repeat_until_short
 from engine.maintenance.budget import within_budget
-from engine.sql_params import RetentionBatchParams, RetentionMinutesParams
+from engine.queries import Statement
+from engine.sql_params import (
+    RetentionBatchParams,
+    RetentionCutoffParams,
+    RetentionMinutesParams,
+)
 
 RETENTION_BATCH = 1000
 # delivery_minutes rows are kept this long (unless the retention cutoff is sooner): the
@@ -41,7 +46,8 @@ class RetentionReport:
 
 
 def cutoff_for(conn: Connection, retention_days: float) -> dt.datetime:
-    row = run_statement(conn, queries.RETENTION_CUTOFF, (retention_days * 86400.0,)).fetchone()
+    row = queries.RETENTION_CUTOFF.run_sync(
+        conn, RetentionCutoffParams(retention_seconds=retention_days * 86400.0)).fetchone()
     assert row is not None
     return row[0]
 
@@ -60,19 +66,19 @@ def run_retention(
 
     def finished_batch() -> int:
         with conn.transaction():
-            row = run_statement(conn, queries.RETENTION_FINISHED, params).fetchone()
+            row = queries.RETENTION_FINISHED.run_sync(conn, params).fetchone()
         removed = int(row[0]) if row else 0
         report.finished_deliveries += removed
         report.delivery_attempts += int(row[1]) if row else 0
         report.batches += 1
         return removed
 
-    def rowcount_batch(statement: bytes, statement_params: tuple,
+    def rowcount_batch(statement: Statement, statement_params: tuple,
                        counted: str) -> Callable[[], int]:
         """A batch of `statement`, whose row count adds to the report's field `counted`."""
         def one_batch() -> int:
             with conn.transaction():
-                removed = run_statement(conn, statement, statement_params).rowcount
+                removed = statement.run_sync(conn, statement_params).rowcount
             setattr(report, counted, getattr(report, counted) + removed)
             report.batches += 1
             return removed

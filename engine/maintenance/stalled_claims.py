@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from psycopg import Connection
 
 from engine import queries
-from engine.database import IDLE_IN_TRANSACTION_TIMEOUT_MS, run_statement
+from engine.database import IDLE_IN_TRANSACTION_TIMEOUT_MS
 from engine.sql_params import EndStalledClaimsParams
 
 
@@ -30,7 +30,7 @@ class StalledClaimsReport:
 def end_stalled_claims(conn: Connection, stalled_after_ms: int) -> list[int]:
     """End worker sessions stalled mid-transaction for `stalled_after_ms`; their pids."""
     params = EndStalledClaimsParams(stalled_after_ms=stalled_after_ms)
-    rows = run_statement(conn, queries.END_STALLED_CLAIMS, params).fetchall()
+    rows = queries.END_STALLED_CLAIMS.run_sync(conn, params).fetchall()
     return [int(pid) for pid, ended in rows if ended]
 
 

@@ -13,6 +13,9 @@
 -- would be locked too, and every other claimer would skip all of that destination's
 -- deliveries until we commit: one claimer per destination.
 --
+-- Every branch takes its deliveries from the view claimable_deliveries (schema/015):
+-- pending, and first in line of their ordering key; and only those due.
+--
 -- Retries and first attempts are two range scans of deliveries_claimable_idx. Retries
 -- may take at most ($limit - min($reserve, first attempts available)): after an outage
 -- the due retries cannot crowd out fresh deliveries. Each branch names the index's key
@@ -74,15 +77,9 @@ WITH probed_destinations AS (
     SELECT p.id
       FROM probed_destinations pd
      CROSS JOIN LATERAL (
-           SELECT d.id FROM deliveries d
+           SELECT d.id FROM claimable_deliveries d
             WHERE d.destination_id = pd.id
-              AND d.status = 'pending'
               AND d.next_attempt_at <= now()
-              AND (d.ordering_key IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM deliveries e
-                     WHERE e.destination_id = d.destination_id
-                       AND e.ordering_key = d.ordering_key
-                       AND e.id < d.id))
             ORDER BY d.next_attempt_at
             LIMIT 1
               FOR UPDATE OF d SKIP LOCKED) p
@@ -96,15 +93,9 @@ WITH probed_destinations AS (
       FROM unnest($7::bigint[], $8::int[]) AS r(destination_id, tokens)
       JOIN destinations dest ON dest.id = r.destination_id
      CROSS JOIN LATERAL (
-           SELECT d.id, d.next_attempt_at FROM deliveries d
+           SELECT d.id, d.next_attempt_at FROM claimable_deliveries d
             WHERE d.destination_id = dest.id
-              AND d.status = 'pending'
               AND d.next_attempt_at <= now()
-              AND (d.ordering_key IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM deliveries e
-                     WHERE e.destination_id = d.destination_id
-                       AND e.ordering_key = d.ordering_key
-                       AND e.id < d.id))
             ORDER BY d.next_attempt_at
             LIMIT CASE WHEN dest.max_in_flight IS NULL THEN r.tokens
                        WHEN dest.id = ANY ($5::bigint[]) THEN greatest(0, least(r.tokens,
@@ -139,15 +130,9 @@ WITH probed_destinations AS (
     SELECT c.id, c.next_attempt_at
       FROM destinations dest
      CROSS JOIN LATERAL (
-           SELECT d.id, d.next_attempt_at FROM deliveries d
+           SELECT d.id, d.next_attempt_at FROM claimable_deliveries d
             WHERE d.destination_id = dest.id
-              AND d.status = 'pending'
               AND d.next_attempt_at <= now()
-              AND (d.ordering_key IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM deliveries e
-                     WHERE e.destination_id = d.destination_id
-                       AND e.ordering_key = d.ordering_key
-                       AND e.id < d.id))
             ORDER BY d.next_attempt_at
             LIMIT greatest(0, least((SELECT n FROM room), dest.max_in_flight - dest.in_flight))
               FOR UPDATE OF d SKIP LOCKED) c
@@ -161,9 +146,9 @@ WITH probed_destinations AS (
     -- Whether any destination the plain scans may claim from has due work. The scans
     -- below walk deliveries_claimable_idx in due order and drop the rows of capped and
     -- rate-limited destinations after the join; with a backlog that is all capped they
-    -- walked every due row to find none (capped-slow: 9,680 rows, 5.3 ms of an 8 ms
-    -- claim). This probe stops at the first uncapped destination with a due delivery
-    -- (deliveries_destination_idx), and the scans are skipped when there is none.
+    -- would walk every due row to find none. This probe stops at the first uncapped
+    -- destination with a due delivery (deliveries_destination_idx), and the scans are
+    -- skipped when there is none (docs/decisions/0025).
     SELECT EXISTS (
            SELECT 1 FROM destinations dest
             WHERE dest.max_in_flight IS NULL AND dest.rate_limit IS NULL
@@ -175,10 +160,9 @@ WITH probed_destinations AS (
                              AND d.next_attempt_at <= now())) AS found
 ), eligible_first AS (
     SELECT d.id, d.next_attempt_at
-      FROM deliveries d
+      FROM claimable_deliveries d
       JOIN destinations dest ON dest.id = d.destination_id
-     WHERE d.status = 'pending'
-       AND least(d.attempt, 1) = 0
+     WHERE least(d.attempt, 1) = 0
        AND d.next_attempt_at <= now()
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
@@ -186,24 +170,17 @@ WITH probed_destinations AS (
        AND dest.rate_limit IS NULL
        AND d.destination_id <> ALL ($6::bigint[])
        AND (SELECT found FROM uncapped_due)
-       AND (d.ordering_key IS NULL OR NOT EXISTS (
-             SELECT 1 FROM deliveries e
-              WHERE e.destination_id = d.destination_id
-                AND e.ordering_key = d.ordering_key
-                AND e.id < d.id))
      ORDER BY d.next_attempt_at
      -- What `capped` took comes first in `chosen`: rows locked here beyond the room it
      -- leaves would stay locked until we commit without being claimed, and every other
-     -- claimer would skip them (bench many-destinations: 500 such rows beside 561 capped
-     -- ones in a claim of 500, 2026-12-04).
+     -- claimer would skip them (docs/decisions/0025).
      LIMIT greatest(0, (SELECT n FROM room) - (SELECT count(*) FROM capped))
        FOR UPDATE OF d SKIP LOCKED
 ), eligible_retry AS (
     SELECT d.id, d.next_attempt_at
-      FROM deliveries d
+      FROM claimable_deliveries d
       JOIN destinations dest ON dest.id = d.destination_id
-     WHERE d.status = 'pending'
-       AND least(d.attempt, 1) = 1
+     WHERE least(d.attempt, 1) = 1
        AND d.next_attempt_at <= now()
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
@@ -211,11 +188,6 @@ WITH probed_destinations AS (
        AND dest.rate_limit IS NULL
        AND d.destination_id <> ALL ($6::bigint[])
        AND (SELECT found FROM uncapped_due)
-       AND (d.ordering_key IS NULL OR NOT EXISTS (
-             SELECT 1 FROM deliveries e
-              WHERE e.destination_id = d.destination_id
-                AND e.ordering_key = d.ordering_key
-                AND e.id < d.id))
      ORDER BY d.next_attempt_at
      LIMIT greatest(0, (SELECT n FROM room) - least($3, (SELECT count(*) FROM eligible_first))
                          - (SELECT count(*) FROM capped))

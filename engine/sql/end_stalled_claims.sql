@@ -12,7 +12,8 @@
 -- PostgreSQL before 17: idle_in_transaction_session_timeout applies only once the server
 -- has answered a Sync (`idle in transaction`), and statement_timeout ends with each
 -- statement. So until the frozen process ran again, other workers skipped those rows and
--- waited on those locks (tests/test_frozen_worker.py saw it under load, 2026-12-01).
+-- waited on those locks (tests/test_frozen_worker.py reproduces it;
+-- docs/decisions/0014-stalled-claims-ended-by-the-leader.md).
 -- Ending the session rolls the transaction back: the rows are claimable at once, and the
 -- worker, when it runs again, finds its connection gone and reconnects, as after the
 -- idle-in-transaction timeout (nothing it held was sent, so nothing is sent twice).

@@ -26,17 +26,15 @@
 -- Whether a capped destination has due work is one probe of deliveries_destination_idx
 -- per destination (the subquery with LIMIT is not flattened into a join). A plain EXISTS
 -- was planned as a semi-join against every due row (the claimable index, read whole and
--- hashed by destination, or rescanned per destination): 19,500 rows and ~11 ms per claim
--- in bench many-destinations, 26 ms in capped-slow (stock PostgreSQL 15, 2026-12-04), since
--- a queue's statistics rarely know how much is due. ORDER BY next_attempt_at is what
+-- hashed by destination, or rescanned per destination), since a queue's statistics rarely
+-- know how much is due (docs/decisions/0025). ORDER BY next_attempt_at is what
 -- makes that index the plan's choice: it alone returns the rows in that order.
 -- The destinations with room are shuffled first and probed in that order until $2 have
 -- due work (the OFFSET 0 keeps the probe out of the shuffled subquery, so it is not run
 -- for every row before the sort): a claim probes about as many destinations as it locks,
--- not every capped one. Probing all of them before ORDER BY random() LIMIT took 4.4 ms per
--- claim with 500 capped destinations (bench many-destinations, stock PostgreSQL 15,
--- 2026-12-04). The random order spreads concurrent claimers over different destinations,
--- so that they rarely wait for each other's locks.
+-- not every capped one, which cost milliseconds per claim with hundreds of capped
+-- destinations (docs/decisions/0025). The random order spreads concurrent claimers over
+-- different destinations, so that they rarely wait for each other's locks.
 -- MATERIALIZED keeps the lock function from being evaluated before the cheaper filters (the
 -- planner orders plain quals by cost, and would lock destinations without work); the ORDER
 -- BY id subquery is the order the locks are taken in.

@@ -49,7 +49,7 @@ WITH result AS (
  RETURNING d.*, r.outcome, r.error
 ), handed AS (
     -- A success that handed its slot under max_in_flight straight on to a spare claim of
-    -- the same destination (refill_slots.sql claims spares; engine/worker/loop.py sends
+    -- the same destination (refill_slots.sql claims spares; engine/worker/dispatcher.py sends
     -- one the moment an answer frees a slot, docs/decisions/0017). The slot changes rows,
     -- the counter stays as it is: the spare now holds it, and its own result gives it
     -- back. Only from a row that held a slot, to a spare of the same worker's current

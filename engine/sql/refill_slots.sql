@@ -8,9 +8,8 @@
 --
 -- Why: with a binding cap, a freed slot otherwise waited for the result write to commit,
 -- its notification, the claim loop's wake-up and a claim that locks the destination again
--- (bench capped-slow: 100 destinations capped at 5 answering in 100 ms, ~36 ms idle per
--- slot between an answer and the next request, 0.69 of the 5,000/s ceiling). Here the
--- answer's own write claims the next delivery: one round trip, no wake-up.
+-- (docs/decisions/0015-capped-slots-refilled-by-the-result-write.md). Here the answer's
+-- own write claims the next delivery: one round trip, no wake-up.
 --
 -- Exact across processes and hosts as the claim is (lock_capped_destinations.sql): only
 -- destinations whose advisory lock this transaction holds from record_results.sql get
@@ -20,7 +19,8 @@
 -- exactly those it locked; a row this transaction wrote has our transaction id as xmin.
 -- (xmin is a 32-bit xid, pg_current_xact_id() its 64-bit form: compared modulo 2^32.)
 -- A result that changed nothing (reaped or released meanwhile) took no lock, and its
--- destination gets no slot here: the claim loop takes it as before.
+-- destination gets no slot here: the claim loop takes it as before. The deliveries come
+-- from claimable_deliveries (schema/015), as the claim's do.
 --
 -- Spares (holds_slot false) are claimed deliveries the worker does not send yet: when
 -- one of its requests to that destination is answered with a success, it sends a spare
@@ -45,15 +45,9 @@ WITH wanted AS (
                        THEN greatest(0, least(w.slots, dest.max_in_flight - dest.in_flight))
                        ELSE 0 END AS n) room
      CROSS JOIN LATERAL (
-           SELECT d.id, d.next_attempt_at FROM deliveries d
+           SELECT d.id, d.next_attempt_at FROM claimable_deliveries d
             WHERE d.destination_id = dest.id
-              AND d.status = 'pending'
               AND d.next_attempt_at <= now()
-              AND (d.ordering_key IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM deliveries e
-                     WHERE e.destination_id = d.destination_id
-                       AND e.ordering_key = d.ordering_key
-                       AND e.id < d.id))
             ORDER BY d.next_attempt_at
             LIMIT room.n + greatest(0, w.spares)
               FOR UPDATE OF d SKIP LOCKED) c

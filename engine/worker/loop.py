@@ -178,7 +178,7 @@ class DeliveryWorker:
             answered_before = dispatcher.answered
             left_out = policy.left_out(dispatcher.destinations, time.monotonic())
             try:
-                claims, _ = await queue_async.claim_batch(
+                claims = await queue_async.claim_batch(
                     self.claim_conn, self.worker, limit, settings.lease_ms, reserve, left_out,
                     announce_backlog=self.polled,
                 )

@@ -6,8 +6,8 @@ import datetime as dt
 
 import psycopg
 
-from engine import queue
 from engine.domain import EventIn
+from tests.kit import queue_sync
 
 LEASE_MS = 60_000
 
@@ -41,7 +41,7 @@ def statuses(conn: psycopg.Connection) -> dict[int, str]:
 
 def enqueue(conn: psycopg.Connection, payloads: list[str], destinations: list[int]) -> list[int]:
     with conn.transaction():
-        answers = queue.enqueue_events(
+        answers = queue_sync.enqueue_events(
             conn, [EventIn("test.event", p, destinations) for p in payloads]
         )
     return [int(event_id) for event_id, _ in answers if event_id is not None]

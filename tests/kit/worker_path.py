@@ -69,10 +69,9 @@ class WorkerPath:
               announce_backlog: bool = False) -> list[Claim]:
         """DeliveryWorker._claim_loop's claim: queue_async.claim_batch(claim_conn, worker,
         limit, lease_ms, reserve, left_out, announce_backlog=...)."""
-        claims, _ = self.run(queue_async.claim_batch(
+        return self.run(queue_async.claim_batch(
             self.claim_conn, self.worker, limit, self.lease_ms, reserve, list(left_out),
             announce_backlog=announce_backlog))
-        return claims
 
     def record(self, results: Sequence[Result]) -> int:
         """ResultRecorder._record without slots to refill: how many results applied."""
