@@ -249,11 +249,7 @@ class CurlPool:
         return None
 
     async def post_checked(
-        self,
-        url: str,
-        headers: list[str],
-        body: bytes,
-        timeout_ms: int,
+        self, url: str, headers: list[str], body: bytes, timeout_ms: int,
         allow_private: Allowance,
     ) -> HttpResult:
         """`post` after the connect-time target check; a refused or unresolvable
@@ -271,13 +267,8 @@ class CurlPool:
         return await self.post(url, headers, body, timeout_ms, pin)
 
     def start_checked(
-        self,
-        url: str,
-        headers: list[str],
-        body: bytes,
-        timeout_ms: int,
-        allow_private: Allowance,
-        on_done: OnDone,
+        self, url: str, headers: list[str], body: bytes, timeout_ms: int,
+        allow_private: Allowance, on_done: OnDone,
     ) -> None:
         """`start` after the connect-time target check. A host whose checked address is
         cached (the usual case) starts at once; only the first request to a host in a

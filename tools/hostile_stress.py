@@ -47,6 +47,7 @@ import psycopg
 from engine import queries, queue_async
 from engine.domain import EventIn
 from engine.testing.fakedest import FakeDestination
+from engine.testing.processes import stop_process
 from tests.kit.data import add_destination
 from tests.kit.dbserver import DatabaseFactory, test_server
 from tests.kit.hostile_servers import HostileServer, TlsServer, _Handler
@@ -229,13 +230,7 @@ def stress(args: argparse.Namespace, out: Path, dsn: str, conn: psycopg.Connecti
                 ticks += per_tick
                 time.sleep(0.1)
         finally:
-            if engine.poll() is None:
-                engine.send_signal(signal.SIGTERM)
-                try:
-                    engine.wait(60)
-                except subprocess.TimeoutExpired:
-                    engine.kill()
-                    engine.wait()
+            stop_process(engine, 60)
     ran_s = time.monotonic() - began
     return summarize(log_path, conn, ran_s, ticks, hostile_ids, healthy_ids, out)
 

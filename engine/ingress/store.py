@@ -3,6 +3,9 @@ hot path: accepting events goes through committer.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import msgspec
 from psycopg import AsyncConnection
 
@@ -41,6 +44,8 @@ class DeliveryOptions(msgspec.Struct):
 def _value(value: object) -> object:
     return None if value is msgspec.UNSET else value
 
+
+Built = TypeVar("Built")  # what _row_with_its_rows builds
 
 HOT_STATUSES = ("pending", "in_flight")
 
@@ -124,26 +129,29 @@ async def delete_destination(conn: AsyncConnection, destination_id: int) -> bool
 
 async def _row_with_its_rows(
     conn: AsyncConnection, read: Statement, read_its_rows: Statement, key: tuple,
-) -> tuple[tuple, list[tuple]] | None:
+    build: Callable[[tuple, list[tuple]], Built],
+) -> Built | None:
     """One row by its id and the rows that belong to it (an event's deliveries, a
-    delivery's attempts); None when there is no such row. Both statements take `key`."""
+    delivery's attempts), built into the API's type; None when there is no such row.
+    Both statements take `key`."""
     row = await _fetchone(conn, read, key)
     if row is None:
         return None
-    return row, await _fetchall(conn, read_its_rows, key)
+    return build(row, await _fetchall(conn, read_its_rows, key))
 
 
-async def read_event(conn: AsyncConnection, event_id: int) -> Event | None:
-    found = await _row_with_its_rows(
-        conn, queries.API_EVENT_READ, queries.API_EVENT_DELIVERIES,
-        EventIdParams(event_id=event_id))
-    if found is None:
-        return None
-    (event_id, type_, payload, ordering_key, idempotency_key, created_at), rows = found
+def _event(row: tuple, rows: list[tuple]) -> Event:
+    event_id, type_, payload, ordering_key, idempotency_key, created_at = row
     return Event(
         event_id, type_, msgspec.Raw(payload.encode()), ordering_key, idempotency_key,
         created_at, [Delivery(*r) for r in rows],
     )
+
+
+async def read_event(conn: AsyncConnection, event_id: int) -> Event | None:
+    return await _row_with_its_rows(
+        conn, queries.API_EVENT_READ, queries.API_EVENT_DELIVERIES,
+        EventIdParams(event_id=event_id), _event)
 
 
 async def list_deliveries(
@@ -167,13 +175,10 @@ async def list_deliveries(
 
 
 async def read_delivery(conn: AsyncConnection, delivery_id: int) -> DeliveryDetail | None:
-    found = await _row_with_its_rows(
+    return await _row_with_its_rows(
         conn, queries.API_DELIVERY_READ, queries.API_DELIVERY_ATTEMPTS,
-        DeliveryIdParams(delivery_id=delivery_id))
-    if found is None:
-        return None
-    row, rows = found
-    return DeliveryDetail(*row, attempts=[Attempt(*r) for r in rows])
+        DeliveryIdParams(delivery_id=delivery_id),
+        lambda row, rows: DeliveryDetail(*row, attempts=[Attempt(*r) for r in rows]))
 
 
 async def read_delivery_row(conn: AsyncConnection, delivery_id: int) -> Delivery | None:

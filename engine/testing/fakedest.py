@@ -13,13 +13,14 @@ import base64
 import json
 import selectors
 import shutil
-import signal
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
+
+from engine.testing.processes import stop_process
 
 FAKEDEST_JS = Path(__file__).with_name("fakedest.mjs")
 READY_TIMEOUT_S = 10.0
@@ -81,13 +82,7 @@ class FakeDestination:
         """SIGTERM (lets --stats-file be written), then SIGKILL after a grace period."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, STOP_GRACE_S)
             assert proc.stdout is not None
             proc.stdout.close()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import psutil
+
+from engine.testing.processes import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -57,12 +58,7 @@ class Engine:
             return
         if proc.poll() is None:
             children = psutil.Process(proc.pid).children(recursive=True)
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, 20)
             for child in children:  # only if the supervisor itself failed to end them
                 if child.is_running():
                     child.kill()
