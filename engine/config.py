@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from engine.retry import DEFAULT_SCHEDULE, parse_duration, parse_schedule
-from engine.targets import Allowance, IPNetwork, parse_allowed_networks
+from engine.webhooks.retry import DEFAULT_SCHEDULE, parse_duration, parse_schedule
+from engine.webhooks.targets import Allowance, IPNetwork, parse_allowed_networks
 
 # A lease must outlive the longest request plus this much: time to flush results and for
 # clocks to disagree. A lease shorter than a request means a second worker may send the
@@ -81,7 +81,7 @@ class Settings:
 
     @property
     def target_allowance(self) -> Allowance:
-        """What engine.targets may reach besides public addresses."""
+        """What engine.webhooks.targets may reach besides public addresses."""
         return True if self.allow_private_targets else self.allow_targets
 
     @property

@@ -1,5 +1,5 @@
 """The engine's domain types: what is claimed, what an attempt came to, what is enqueued,
-how breakers behave, and who holds a claim. No I/O here (engine/queue.py runs them)."""
+how breakers behave, and who holds a claim. No I/O here (engine/db/queue.py runs them)."""
 
 from __future__ import annotations
 

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 
 import psycopg
 
-from engine import metrics, queue
 from engine.config import Settings
-from engine.database import open_database
-from engine.migrate import migrate
-from engine.oplog import log_event
+from engine.db import queue
+from engine.db.database import open_database
+from engine.db.migrate import migrate
+from engine.observe import metrics
+from engine.observe.oplog import log_event
 
 # A child that lived less than this before dying counts as failing; each such failure in
 # a row doubles the wait before the next start, up to MAX_RESTART_DELAY_S.

@@ -1,5 +1,5 @@
 -- A capped destination's in-flight count as a counter on its row, instead of a count of its
--- in-flight deliveries on every claim (engine/sql/lock_capped_destinations.sql says how the
+-- in-flight deliveries on every claim (engine/sql/claim/lock_capped_destinations.sql says how the
 -- counter stays exact across processes and hosts).
 --   destinations.in_flight: deliveries of this destination in flight that hold one of its
 --     max_in_flight slots; maintained by claim_batch (up), record_results and return_claims

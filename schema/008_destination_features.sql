@@ -1,13 +1,13 @@
 -- Per-destination delivery features (issue 18): custom headers, a retry schedule, a rate
 -- limit, and the clocks behind operational events and auto-disable.
 ALTER TABLE destinations
-    -- Static extra request headers {name: value}, validated by engine/destination_options.py.
+    -- Static extra request headers {name: value}, validated by engine/webhooks/destination_options.py.
     ADD COLUMN headers           jsonb,
     -- Retry delays in seconds replacing the engine's --retry-schedule; NULL: the global one.
     ADD COLUMN retry_schedule    double precision[],
     -- Requests per second across every process and host; NULL: no limit. The token bucket
     -- (rate_tokens as of rate_refilled_at, at most rate_limit of them: one second's worth)
-    -- is refilled and spent by engine/sql/take_rate_tokens.sql.
+    -- is refilled and spent by engine/sql/claim/take_rate_tokens.sql.
     ADD COLUMN rate_limit        double precision CHECK (rate_limit > 0),
     ADD COLUMN rate_tokens       double precision,
     ADD COLUMN rate_refilled_at  timestamptz,
@@ -27,7 +27,7 @@ ALTER TABLE destinations
 -- (small) destinations table rarely, and every index on it slows breaker updates.
 CREATE INDEX destinations_rate_limited_idx ON destinations (id) WHERE rate_limit IS NOT NULL;
 
--- Enqueue one operational event (engine/operational_events.py) to its subscribers: the
+-- Enqueue one operational event (engine/observe/operational_events.py) to its subscribers: the
 -- destinations that list its type in event_types (a null event_types, "every type", is
 -- not a subscription to the engine's own events), never the destination `about`. Called
 -- by the statements whose state change causes the event (record_results.sql,

@@ -43,7 +43,7 @@ CREATE INDEX delivery_minutes_unfolded_idx ON delivery_minutes (minute) WHERE wr
 -- these lower bounds (ms) up to the next one, the last open-ended. They are 2^(j/4) rounded
 -- up, j = 0..79, without repeats: four buckets per doubling, so a percentile read from the
 -- histogram is within one bucket (at most 19 % above its lower bound) of the exact one.
--- engine/duration_histogram.py holds the same list (a test compares them) and computes
+-- engine/observe/duration_histogram.py holds the same list (a test compares them) and computes
 -- percentiles from the counts.
 CREATE FUNCTION duration_bucket_bounds() RETURNS integer[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE

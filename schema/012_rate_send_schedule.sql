@@ -1,6 +1,6 @@
 -- rate_limit becomes a send schedule instead of a token bucket: each claim books its
 -- rate-limited deliveries consecutive send times 1/rate apart, and the destination row
--- keeps the next free one (engine/sql/take_rate_tokens.sql).
+-- keeps the next free one (engine/sql/claim/take_rate_tokens.sql).
 --
 -- Why: the bucket was spent at claim time, but what the receiver sees are the sends, and a
 -- claim is sent later by a varying amount (new connections, a busy event loop, a worker's

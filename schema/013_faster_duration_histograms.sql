@@ -10,7 +10,7 @@
 --   duration_histogram_add: 36 us as SQL over unnest() WITH ORDINALITY, 24 us as a
 --                           PL/pgSQL loop, 7 us as this one expression, which the planner
 --                           inlines into the calling statement.
--- tests/test_delivery_minutes.py compares both with engine/duration_histogram.py.
+-- tests/test_delivery_minutes.py compares both with engine/observe/duration_histogram.py.
 
 CREATE OR REPLACE FUNCTION duration_histogram(durations integer[]) RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$

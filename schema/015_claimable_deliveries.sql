@@ -1,5 +1,5 @@
 -- claimable_deliveries: the deliveries a claim may take once due, written once for every
--- statement that claims (engine/sql/claim_batch.sql's five branches, refill_slots.sql):
+-- statement that claims (engine/sql/claim/claim_batch.sql's five branches, refill_slots.sql):
 -- pending, and first in line of their ordering key (no earlier delivery of the same
 -- destination and key is still in the queue). Whether one is due (`next_attempt_at <=
 -- now()`) stays in each statement: a view binds now() when it is created, and the tests

@@ -11,10 +11,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from engine.http_client import CurlPool, HttpResult
-from engine.targets import TargetRefused, parse_allowed_networks, validate_url
 from engine.testing.fakedest import FakeDestination
 from engine.testing.ingress_server import IngressProcess
+from engine.webhooks.targets import TargetRefused, parse_allowed_networks, validate_url
+from engine.worker.http.client import CurlPool, HttpResult
 from tests.kit.data import add_destination, enqueue, finished
 from tests.kit.enginerun import ROOT, Engine, wait_until
 from tests.kit.httpserver_helpers import ScriptedServer

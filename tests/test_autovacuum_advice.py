@@ -12,7 +12,7 @@ import psycopg
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.autovacuum_advice import Measured, advice_from_report, advise, nice_ceiling
+from engine.observe.autovacuum_advice import Measured, advice_from_report, advise, nice_ceiling
 
 ENGINE = [sys.executable, "-m", "engine.cli"]
 

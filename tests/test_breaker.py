@@ -9,7 +9,7 @@ from functools import partial
 import psycopg
 import pytest
 
-from engine.queue import BreakerSettings, Claim, EventIn, Result
+from engine.db.queue import BreakerSettings, Claim, EventIn, Result
 from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now
 from tests.kit.threads import run_threads

@@ -19,9 +19,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from engine import queries, queue, queue_async
-from engine.queries import Statement
-from engine.sql_params import (
+from engine.db import queries, queue, queue_async
+from engine.db.queries import Statement
+from engine.db.sql_params import (
     ClaimBatchParams,
     LockCappedDestinationsParams,
     RefillSlotsParams,

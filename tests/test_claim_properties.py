@@ -48,10 +48,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from engine import queries, queue, queue_async, retry
+from engine.db import queries, queue, queue_async
+from engine.db.queue import BreakerSettings, Claim, EventIn, Result
+from engine.db.sql_params import ReturnClaimsParams
 from engine.maintenance.reaper import reap_expired
-from engine.queue import BreakerSettings, Claim, EventIn, Result
-from engine.sql_params import ReturnClaimsParams
+from engine.webhooks import retry
 from tests.kit import queue_sync
 from tests.kit.data import add_destination
 from tests.kit.dbserver import stop_autovacuum, truncate_all

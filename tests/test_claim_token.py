@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import queue
+from engine.db import queue
+from engine.db.queue import BreakerSettings, Claim, EventIn, Result
 from engine.maintenance.reaper import reap_expired
-from engine.queue import BreakerSettings, Claim, EventIn, Result
 from tests.kit import queue_sync
 from tests.kit.data import add_destination
 

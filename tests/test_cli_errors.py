@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from engine.embedded import EmbeddedServer, ensure_server
+from engine.db.embedded import EmbeddedServer, ensure_server
 from tests.kit.enginerun import ROOT
 from tests.kit.httpserver_helpers import closed_port
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import queue
 from engine.cli import main
-from engine.queue import Result
+from engine.db import queue
+from engine.db.queue import Result
 from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, now
 
@@ -172,7 +172,7 @@ def test_replay(cli: Cli, conn: psycopg.Connection) -> None:
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    # The API's URL policy (engine.targets), not a copy: loopback refused without the flag.
+    # The API's URL policy (engine.webhooks.targets), not a copy: loopback refused without the flag.
     (["destinations", "create", URL], "private or reserved"),
     (["destinations", "create", "ftp://example.com/"], "URL"),
     (["destinations", "create", "http://2130706433/"], "URL"),

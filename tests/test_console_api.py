@@ -9,8 +9,8 @@ import datetime as dt
 import psycopg
 import pytest
 
-from engine import queue
-from engine.queue import Result
+from engine.db import queue
+from engine.db.queue import Result
 from engine.testing.ingress_server import IngressProcess
 from tests.kit import queue_sync
 from tests.kit.api import assert_error, make_destination

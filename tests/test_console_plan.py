@@ -23,8 +23,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from engine import queries
-from engine.queries import Statement
+from engine.db import queries
+from engine.db.queries import Statement
 from engine.testing.ingress_server import IngressProcess
 from tests.kit.dbserver import DatabaseFactory
 from tests.test_claim_plan import (

@@ -19,8 +19,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from engine.cli import build_parser, settings_from_args
 from engine.config import load_settings
-from engine.database import describe, open_database
-from engine.embedded import postgres_bin
+from engine.db.database import describe, open_database
+from engine.db.embedded import postgres_bin
 
 FLAG = "postgresql://flag@127.0.0.1:1/flag"
 ENGINE = "postgresql://engine@127.0.0.1:2/engine"
@@ -135,7 +135,7 @@ ORDINARY_USER_SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
     import psycopg
-    from engine.embedded import ensure_server
+    from engine.db.embedded import ensure_server
 
     # Started as root, since the interpreter may sit where `nobody` cannot read (a venv in
     # a 0700 folder); from here on the process is `nobody` and nothing else.

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from engine.embedded import EmbeddedServer, ensure_server
+from engine.db.embedded import EmbeddedServer, ensure_server
 from engine.ingress.dbgate import POOL_TIMEOUT_S
 from engine.testing.fakedest import FakeDestination
 from engine.testing.ingress_server import IngressProcess
@@ -268,7 +268,7 @@ def test_statement_timeout_hit_by_the_claim(
     owned_server: EmbeddedServer, fault_dsn: str, tmp_path: Path
 ) -> None:
     # In the DSN, as an operator would set it: the engine's own statement_timeout (30 s,
-    # engine/database.py) outranks a database-level setting but not the DSN's options.
+    # engine/db/database.py) outranks a database-level setting but not the DSN's options.
     params = conninfo_to_dict(fault_dsn)
     params["options"] = "-c statement_timeout=500ms"
     result = _run_fault("statement timeout on claim", lock_out_claims, owned_server,

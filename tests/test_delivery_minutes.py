@@ -16,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from engine import queries, queue
-from engine.duration_histogram import BOUNDS, BUCKETS, bucket_of, percentile
-from engine.ingress.console_api import MAX_WINDOW_S
+from engine.db import queries, queue
+from engine.db.queue import BreakerSettings, EventIn, Result
+from engine.db.sql_params import ConsoleDestinationWindowParams, DestinationStatsParams
+from engine.ingress.console.api import MAX_WINDOW_S
 from engine.maintenance.fold_minutes import fold_delivery_minutes
 from engine.maintenance.retention import MINUTES_KEPT_S, run_retention
-from engine.queue import BreakerSettings, EventIn, Result
-from engine.sql_params import ConsoleDestinationWindowParams, DestinationStatsParams
+from engine.observe.duration_histogram import BOUNDS, BUCKETS, bucket_of, percentile
 from tests.kit import queue_sync
 from tests.kit.data import add_destination
 from tests.kit.dbserver import truncate_all
@@ -114,7 +114,7 @@ def test_the_histogram_functions_count_and_add_as_python_does(
     conn: psycopg.Connection, durations: list[int | None],
     histograms: list[list[int] | None],
 ) -> None:
-    """schema/013's PL/pgSQL histogram and inlined sum against engine/duration_histogram.py,
+    """schema/013's PL/pgSQL histogram and inlined sum against engine/observe/duration_histogram.py,
     NULLs included: a NULL duration is not counted, a NULL histogram adds nothing (what
     STRICT did for the duration_histogram_sum aggregate before 013)."""
     expected = [0] * BUCKETS

@@ -10,10 +10,10 @@ from pathlib import Path
 import psycopg
 from standardwebhooks import Webhook
 
-from engine import queue
-from engine.signing import generate_secret
+from engine.db import queue
 from engine.testing.fakedest import FakeDestination
 from engine.testing.ingress_server import IngressProcess
+from engine.webhooks.signing import generate_secret
 from tests.kit import queue_sync
 from tests.kit.data import count, enqueue, finished
 from tests.kit.enginerun import wait_until

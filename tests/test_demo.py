@@ -102,7 +102,7 @@ def test_ctrl_c_stops_the_demo_with_a_summary(empty_folder: Path) -> None:
 def test_a_killed_demo_takes_its_engine_with_it(empty_folder: Path) -> None:
     """SIGKILL leaves the demo no chance to stop anything: the engine it started (in a
     session of its own, out of Ctrl-C's reach) stops by itself when its parent dies
-    (engine/parent_link.py)."""
+    (engine/cli/parent_link.py)."""
     demo = start_long_demo(empty_folder, subprocess.DEVNULL)
     try:
         assert demo.stdout is not None

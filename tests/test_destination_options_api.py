@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.destination_options import (
+from engine.testing.ingress_server import IngressProcess
+from engine.webhooks.destination_options import (
     REFUSED_HEADERS,
     OptionError,
     check_headers,
     check_retry_schedule,
     format_duration,
 )
-from engine.testing.ingress_server import IngressProcess
 from tests.kit.api import assert_error, count, make_destination
 
 

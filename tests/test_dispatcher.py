@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from engine.domain import BreakerSettings, Claim, Result
-from engine.oplog import Outage
+from engine.observe.oplog import Outage
 from engine.worker import outcome
 from engine.worker.connection import DrainDeadline
 from engine.worker.dispatcher import (

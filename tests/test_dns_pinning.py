@@ -25,10 +25,10 @@ import psycopg
 import uvloop
 
 from engine.config import load_settings
-from engine.http_client import HttpResult
-from engine.http_pools import CurlPools
 from engine.testing.fakedest import FakeDestination
 from engine.worker import DeliveryWorker
+from engine.worker.http.client import HttpResult
+from engine.worker.http.pools import CurlPools
 from tests.kit.data import add_destination, count, enqueue, finished
 from tests.kit.httpserver_helpers import (
     PINNED_HOST,

@@ -1,6 +1,6 @@
 """Retries cannot starve first attempts, on a real worker process (README, Delivery
 semantics: "a quarter of each worker's slots is kept for them"). The rule is the claim's
-(engine/sql/claim_batch.sql, engine/worker/loop.py): each claim of `limit` free slots keeps
+(engine/sql/claim/claim_batch.sql, engine/worker/loop.py): each claim of `limit` free slots keeps
 int(first_attempt_share x limit) of them (first_attempt_share = 0.25) for first attempts
 when there are any; retries take at most the rest. tests/test_claim_properties.py checks
 the statement alone; here `engine --procs 1` has a backlog of due retries to a slow

@@ -10,7 +10,7 @@ nothing more, which is the state the issue saw for 96 s. Which of two states tha
 depends on where in its pipelined claim the worker stopped: `idle in transaction` when
 its Sync had gone out (the server's idle_in_transaction_session_timeout ends it), or
 `active`, waiting on ClientRead, when it stopped between two sends (the maintenance
-leader ends it: engine/sql/end_stalled_claims.sql). Both are bounded alike; the second
+leader ends it: engine/sql/maintenance/end_stalled_claims.sql). Both are bounded alike; the second
 is also shown alone, exactly, in tests/test_stalled_claims.py."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from engine.database import IDLE_IN_TRANSACTION_TIMEOUT_MS
-from engine.queue import EventIn
+from engine.db.database import IDLE_IN_TRANSACTION_TIMEOUT_MS
+from engine.db.queue import EventIn
 from tests.kit import queue_sync
 from tests.kit.data import add_destination
 from tests.kit.enginerun import Engine, wait_until

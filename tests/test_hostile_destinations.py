@@ -21,7 +21,7 @@ import pycurl
 import pytest
 import uvloop
 
-from engine.http_client import CurlPool, HttpResult
+from engine.worker.http.client import CurlPool, HttpResult
 from tests.kit.hostile_servers import HostileServer, TlsServer, _read_request
 from tests.kit.httpserver_helpers import closed_port
 
@@ -137,7 +137,7 @@ def test_huge_body_is_drained_to_the_cap_not_kept(hostile: HostileServer) -> Non
 CLOSED_BEHIND_THE_POOLS_BACK = """
 import asyncio, socket, sys
 import pycurl, uvloop
-from engine.http_client import CurlPool
+from engine.worker.http.client import CurlPool
 
 async def main() -> None:
     pool = CurlPool()
@@ -270,7 +270,7 @@ def test_unresolvable_name_is_a_dns_failure(tmp_path: Path) -> None:
     names a closed loopback port, so no query leaves this machine."""
     script = (
         "import asyncio, sys\n"
-        "from engine.http_client import CurlPool\n"
+        "from engine.worker.http.client import CurlPool\n"
         "async def main():\n"
         "    pool = CurlPool()\n"
         "    r = await pool.post('http://nothing-here.invalid/hook', [], b'{}', 3000)\n"

@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from engine.queue import EventIn
+from engine.db.queue import EventIn
 from engine.testing.fakedest import FakeDestination
 from tests.kit import queue_sync
 from tests.kit.data import add_destination

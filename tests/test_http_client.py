@@ -7,9 +7,9 @@ import pycurl
 import pytest
 import uvloop
 
-from engine import targets
-from engine.http_client import CurlPool, HttpResult
-from engine.http_transfer import classify_error
+from engine.webhooks import targets
+from engine.worker.http.client import CurlPool, HttpResult
+from engine.worker.http.transfer import classify_error
 from tests.kit.httpserver_helpers import (
     BIG_BODY,
     PINNED_HOST,

@@ -1,5 +1,5 @@
 """CurlPools: a worker's requests over several multi handles, a host's spread over them
-only once `spread` of them are in flight in one (engine/http_pools.py)."""
+only once `spread` of them are in flight in one (engine/worker/http/pools.py)."""
 
 import asyncio
 from collections.abc import Iterator
@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import uvloop
 
-from engine.http_client import HttpResult, host_port
-from engine.http_pools import CurlPools
+from engine.worker.http.client import HttpResult, host_port
+from engine.worker.http.pools import CurlPools
 from tests.kit.httpserver_helpers import ScriptedServer, assert_loopback, scripted_server
 
 HEADERS = ["content-type: application/json", "Expect:"]

@@ -8,7 +8,7 @@ import json
 import psycopg
 import pytest
 
-from engine.queue import Result
+from engine.db.queue import Result
 from engine.testing.ingress_server import IngressProcess
 from tests.kit import queue_sync
 from tests.kit.api import assert_error, count, make_destination

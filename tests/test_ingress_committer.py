@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
+from engine.db.queries import NOTIFY_CHANNEL
+from engine.db.queue import EventIn
 from engine.ingress import committer as committer_module
 from engine.ingress.committer import Committer
 from engine.ingress.errors import ApiError
-from engine.queries import NOTIFY_CHANNEL
-from engine.queue import EventIn
 
 T = TypeVar("T")
 

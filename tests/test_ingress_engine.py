@@ -8,9 +8,9 @@ from pathlib import Path
 
 import psycopg
 
-from engine.signing import generate_secret
 from engine.testing.fakedest import FakeDestination
 from engine.testing.ingress_server import IngressProcess
+from engine.webhooks.signing import generate_secret
 from tests.kit.enginerun import Engine, wait_until
 
 

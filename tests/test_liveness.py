@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from engine.liveness import closed_by_server
+from engine.db.liveness import closed_by_server
 from tests.kit.enginerun import wait_until
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from engine import queries, queue_async
+from engine.db import queries, queue_async
+from engine.db.queue import EventIn, Result
+from engine.db.sql_params import DeliveryIdParams, RetentionBatchParams
 from engine.maintenance.retention import cutoff_for, run_retention
-from engine.queue import EventIn, Result
-from engine.sql_params import DeliveryIdParams, RetentionBatchParams
 from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now, statuses
 
@@ -97,7 +97,7 @@ def test_retention_interleaved_with_moves_keeps_every_delivery_event(
 ) -> None:
     """No foreign key and no lock keep retention from deleting an event while one of its
     deliveries moves between the tables: only the snapshot of retention_events' single
-    statement does (see engine/sql/retention_events.sql). Each move here is caught half
+    statement does (see engine/sql/maintenance/retention_events.sql). Each move here is caught half
     way, committed on one connection while retention runs on another."""
     dest = add_destination(conn)
     with conn.transaction():

@@ -9,8 +9,8 @@ from functools import partial
 import psycopg
 import pytest
 
-from engine import queue
-from engine.queue import EventIn, Result
+from engine.db import queue
+from engine.db.queue import EventIn, Result
 from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now
 from tests.kit.threads import run_threads

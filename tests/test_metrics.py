@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import metrics
-from engine.queue import EventIn
+from engine.db.queue import EventIn
+from engine.observe import metrics
 from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination
 

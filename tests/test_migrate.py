@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 
 from engine.cli import main
-from engine.migrate import SCHEMA_DIR, SchemaTooNew, load_migrations, migrate, schema_version
+from engine.db.migrate import SCHEMA_DIR, SchemaTooNew, load_migrations, migrate, schema_version
 from tests.kit.dbserver import DatabaseFactory, with_database
 
 pytestmark = pytest.mark.pg_versions

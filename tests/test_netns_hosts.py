@@ -27,9 +27,9 @@ import psutil
 import psycopg
 import pytest
 
-from engine.embedded import _pg_ctl, ensure_server
-from engine.migrate import migrate
-from engine.queue import EventIn
+from engine.db.embedded import _pg_ctl, ensure_server
+from engine.db.migrate import migrate
+from engine.db.queue import EventIn
 from engine.testing.fakedest import FakeDestination
 from tests.kit import queue_sync
 from tests.kit.data import add_destination

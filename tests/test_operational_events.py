@@ -11,10 +11,10 @@ from pathlib import Path
 import psycopg
 from standardwebhooks import Webhook
 
-from engine.operational_events import EVENT_TYPES
-from engine.signing import generate_secret
+from engine.observe.operational_events import EVENT_TYPES
 from engine.testing.fakedest import FakeDestination
 from engine.testing.ingress_server import IngressProcess
+from engine.webhooks.signing import generate_secret
 from tests.kit.data import add_destination, count, enqueue
 from tests.kit.enginerun import Engine, wait_until
 from tests.kit.workers import SCHEDULE

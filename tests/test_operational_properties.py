@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.operational_events import EVENT_TYPES
-from engine.queue import BreakerSettings, Result
+from engine.db.queue import BreakerSettings, Result
+from engine.observe.operational_events import EVENT_TYPES
 from tests.kit import queue_sync
 from tests.kit.data import add_destination, count, enqueue
 from tests.kit.dbserver import truncate_all

@@ -26,9 +26,9 @@ import pytest
 from hypothesis import event, example, given, settings, target
 from hypothesis import strategies as st
 
-from engine import queue
+from engine.db import queue
+from engine.db.queue import BreakerSettings, EventIn
 from engine.maintenance.reaper import reap_expired
-from engine.queue import BreakerSettings, EventIn
 from tests.kit import queue_sync
 from tests.kit.data import add_destination
 from tests.kit.dbserver import truncate_all

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from engine.config import load_settings
 from engine.domain import Claim, Result
-from engine.http_client import HttpResult
-from engine.retry import JITTER
+from engine.webhooks.retry import JITTER
 from engine.worker import outcome as outcomes
+from engine.worker.http.client import HttpResult
 from engine.worker.outcome import MAX_RETRY_AFTER_S, STORED_BODY_BYTES
 
 

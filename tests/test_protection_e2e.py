@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.queue import EventIn
+from engine.db.queue import EventIn
 from engine.testing.fakedest import FakeDestination
 from engine.testing.ingress_server import IngressProcess
 from tests.kit import queue_sync

@@ -7,9 +7,9 @@ import datetime as dt
 import psycopg
 import pytest
 
-from engine import queue
+from engine.db import queue
+from engine.db.queue import EventIn, Result
 from engine.maintenance.reaper import reap_expired
-from engine.queue import EventIn, Result
 from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now, statuses
 

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import queue_async
-from engine.queue import Claim
+from engine.db import queue_async
+from engine.db.queue import Claim
 from tests.kit import queue_sync
 from tests.kit.data import add_destination, enqueue
 from tests.kit.dbserver import truncate_all

@@ -1,11 +1,11 @@
-"""schema/current.sql is the schema the migrations produce (engine/schema_dump.py)."""
+"""schema/current.sql is the schema the migrations produce (engine/db/schema_dump.py)."""
 
 from __future__ import annotations
 
 import psycopg
 import pytest
 
-from engine.schema_dump import CURRENT_SQL, dump_schema
+from engine.db.schema_dump import CURRENT_SQL, dump_schema
 
 pytestmark = pytest.mark.pg_versions
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.pg_versions
 def test_current_sql_matches_the_migrations(conn: psycopg.Connection) -> None:
     # `conn` is a freshly migrated database: whatever the migrations leave.
     assert dump_schema(conn) == CURRENT_SQL.read_text(), (
-        "schema/current.sql is stale: regenerate it with `python -m engine.schema_dump`"
+        "schema/current.sql is stale: regenerate it with `python -m engine.db.schema_dump`"
     )
 
 

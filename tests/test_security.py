@@ -21,9 +21,9 @@ import psycopg
 import pytest
 
 from engine.ingress.app import IngressApp
-from engine.signing import generate_secret
 from engine.testing.fakedest import FakeDestination
 from engine.testing.ingress_server import IngressProcess
+from engine.webhooks.signing import generate_secret
 from tests.kit.enginerun import Engine, wait_until
 
 TOKEN = "tok_" + "S3cr3tT0ken" * 3

@@ -1,4 +1,4 @@
-"""engine/send_pacing.py on a real event loop: held claims are handed on in send-time
+"""engine/worker/send_pacing.py on a real event loop: held claims are handed on in send-time
 order, none before its time, and a drain takes back what is still waiting."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 
 import uvloop
 
-from engine.queue import Claim
-from engine.send_pacing import SEND_AT_ONCE_S, SendSchedule
+from engine.db.queue import Claim
+from engine.worker.send_pacing import SEND_AT_ONCE_S, SendSchedule
 
 
 def claim(delivery_id: int, delay_s: float) -> Claim:

@@ -23,12 +23,11 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from engine import queries, queue, queue_async
 from engine.config import Settings
-from engine.database import open_database
-from engine.oplog import Outage
-from engine.queries import Statement
-from engine.sql_params import (
+from engine.db import queries, queue, queue_async
+from engine.db.database import open_database
+from engine.db.queries import Statement
+from engine.db.sql_params import (
     BreakerDeferParams,
     ClaimBatchParams,
     DeliveryIdParams,
@@ -38,7 +37,8 @@ from engine.sql_params import (
     RetentionBatchParams,
     ReturnClaimsParams,
 )
-from engine.status import collect_status
+from engine.observe.oplog import Outage
+from engine.observe.status import collect_status
 from engine.worker.connection import connect
 from tests.kit import queue_sync
 

@@ -8,7 +8,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 import engine
-from engine.signing import build_headers, generate_secret, secret_key, sign
+from engine.webhooks.signing import build_headers, generate_secret, secret_key, sign
 
 
 def header_dict(lines: list[str]) -> dict[str, str]:

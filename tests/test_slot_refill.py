@@ -9,9 +9,9 @@ import msgspec
 import psycopg
 import pytest
 
-from engine import queries, queue, queue_async
+from engine.db import queries, queue, queue_async
+from engine.db.queue import Claim, EventIn, Result
 from engine.maintenance.reaper import reap_expired
-from engine.queue import Claim, EventIn, Result
 from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now
 

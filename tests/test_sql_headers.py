@@ -1,5 +1,5 @@
-"""Every engine/sql/ statement is declared once in engine/queries.py with the type its
-parameters are bound through (engine/sql_params.py), its header lists those parameters,
+"""Every engine/sql/ statement is declared once in engine/db/queries.py with the type its
+parameters are bound through (engine/db/sql_params.py), its header lists those parameters,
 and the header's names are the type's fields in order: a parameter reordered on one side
 fails here instead of writing the wrong column. Types are built by keyword."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import queries, sql_params
-from engine.queries import STATEMENTS, Statement
+from engine.db import queries, sql_params
+from engine.db.queries import STATEMENTS, Statement
 
 SQL_DIR = queries.SQL_DIR
 SQL_FILES = sorted(SQL_DIR.rglob("*.sql"))
@@ -89,7 +89,7 @@ def test_a_statement_refuses_parameters_not_of_its_type() -> None:
 
 
 TYPES = {statement.params.__name__ for statement in STATEMENTS.values() if statement.params}
-ENGINE_DIR = Path(sql_params.__file__).parent
+ENGINE_DIR = Path(sql_params.__file__).parents[1]
 
 
 @pytest.mark.parametrize(
@@ -107,8 +107,8 @@ def test_the_engine_builds_parameter_types_by_keyword(path: Path) -> None:
     assert not wrong
 
 
-# Every statement the engine runs is a file (engine/queries.py runs them). The rule, over
-# every engine/**/*.py but engine/queries.py: no string literal (str, bytes, or an
+# Every statement the engine runs is a file (engine/db/queries.py runs them). The rule, over
+# every engine/**/*.py but engine/db/queries.py: no string literal (str, bytes, or an
 # f-string's leading text) starts with an SQL command in capitals followed by a space or
 # a line break ("SELECT ...", "NOTIFY ...", b"SET ..."; "DELETE" alone is an HTTP method).
 # Two kinds are allowed:

@@ -1,5 +1,5 @@
 """The maintenance job that ends worker sessions stalled in the middle of a pipelined
-transaction (engine/sql/end_stalled_claims.sql), shown exactly: a real session is put in
+transaction (engine/sql/maintenance/end_stalled_claims.sql), shown exactly: a real session is put in
 each state by hand, with the same pipelining the claim uses, and only the stalled worker
 session is ended, which frees the row it had locked."""
 

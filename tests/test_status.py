@@ -9,9 +9,9 @@ import sys
 
 import psycopg
 
-from engine import queue
-from engine.queue import EventIn, Result
-from engine.status import EXPIRED_IN_FLIGHT_WARN, collect_status
+from engine.db import queue
+from engine.db.queue import EventIn, Result
+from engine.observe.status import EXPIRED_IN_FLIGHT_WARN, collect_status
 from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now
 

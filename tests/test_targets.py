@@ -4,8 +4,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from engine import targets
-from engine.targets import (
+from engine.webhooks import targets
+from engine.webhooks.targets import (
     TargetRefused,
     TargetUnresolvable,
     resolve_and_check,

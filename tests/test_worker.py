@@ -16,13 +16,13 @@ import uvloop
 from standardwebhooks import Webhook
 
 from engine.config import load_settings
-from engine.http_pools import CurlPools
-from engine.http_transfer import HttpResult
-from engine.queue import Claim
-from engine.signing import generate_secret
+from engine.db.queue import Claim
 from engine.testing.fakedest import FakeDestination
+from engine.webhooks.signing import generate_secret
 from engine.worker import DeliveryWorker, outcome
 from engine.worker.dispatcher import SPARES_PER_SLOT
+from engine.worker.http.pools import CurlPools
+from engine.worker.http.transfer import HttpResult
 from engine.worker.recorder import FLUSH_INTERVAL_S, SLOT_FLUSH_INTERVAL_S
 from engine.worker.slots import DestinationSlots
 from tests.kit.data import add_destination, count, enqueue, finished

@@ -44,7 +44,7 @@ from typing import Any
 
 import psycopg
 
-from engine import queries, queue_async
+from engine.db import queries, queue_async
 from engine.domain import EventIn
 from engine.testing.fakedest import FakeDestination
 from engine.testing.processes import stop_process

@@ -5,7 +5,7 @@ From the repository root:
     python -m tools.http_client_bench [--concurrency 512] [--seconds 5] [--loop uvloop]
                                       [--api callback|future] [--pools 1]
 
---pools N spreads the requests over N multi handles as a worker does (engine.http_pools,
+--pools N spreads the requests over N multi handles as a worker does (engine.worker.http.pools,
 concurrency / N in flight in each; callback API only).
 
 Prints one JSON line: POSTs/s and CPU microseconds per POST of this process
@@ -22,9 +22,9 @@ from functools import partial
 
 import uvloop
 
-from engine.http_client import CurlPool, HttpResult
-from engine.http_pools import CurlPools
-from engine.signing import build_headers, generate_secret
+from engine.webhooks.signing import build_headers, generate_secret
+from engine.worker.http.client import CurlPool, HttpResult
+from engine.worker.http.pools import CurlPools
 
 NODE_SERVER = """
 const http = require('http');

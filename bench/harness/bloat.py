@@ -22,8 +22,8 @@ import psycopg
 from bench.harness import stack
 from bench.harness.live import Live
 from bench.harness.report import Report, figure, figure_rows
-from engine import autovacuum_advice
-from engine.status import collect_status
+from engine.observe import autovacuum_advice
+from engine.observe.status import collect_status
 from engine.testing.fakedest import FakeDestination
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ RETRY_SCHEDULE = "1s,2s,4s,8s"
 # few hundred attempts and would pause the destinations for most of the run.
 ENGINE_CONFIG = "breaker_threshold = 1000000\n"
 QUICK_NAPTIME = "5s"
-TOP_CLAIM_BUCKET_MS = 2500.0  # engine/metrics.py CLAIM_LATENCY_BUCKETS' last bound
+TOP_CLAIM_BUCKET_MS = 2500.0  # engine/observe/metrics.py CLAIM_LATENCY_BUCKETS' last bound
 PAYLOAD = '{"order": 42, "note": "' + "x" * 400 + '"}'
 SQL = Path(__file__).with_name("sql")
 TABLE_SAMPLE = (SQL / "table_sample.sql").read_text()

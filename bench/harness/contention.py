@@ -22,8 +22,8 @@ import uvloop
 from bench.harness import stack
 from bench.harness.live import Live
 from bench.harness.report import Report, figure
-from engine import queue, queue_async
-from engine.database import session_options
+from engine.db import queue, queue_async
+from engine.db.database import session_options
 
 PROCS = (1, 2, 4, 8)
 SIZES = (1, 10, 50, 200, 500)

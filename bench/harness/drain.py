@@ -54,8 +54,8 @@ from bench.harness.drain_watch import drain_report, drain_stats, summary, watch_
 from bench.harness.report import REPORTS, save_json
 from engine.config import Settings
 from engine.domain import EventIn
-from engine.http_client import CurlPool, HttpResult
 from engine.testing.fakedest import FakeDestination
+from engine.worker.http.client import CurlPool, HttpResult
 
 SCENARIOS = {
     # name: (deliveries, fakedest path)

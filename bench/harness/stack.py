@@ -28,11 +28,11 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from engine.database import engine_conninfo
+from engine.db.database import engine_conninfo
+from engine.db.migrate import migrate
+from engine.db.queries import NOTIFY_CHANNEL
+from engine.db.queue_async import enqueue_events
 from engine.domain import EventIn
-from engine.migrate import migrate
-from engine.queries import NOTIFY_CHANNEL
-from engine.queue import enqueue_events_async
 from engine.testing.pgserver import throwaway_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ def pg_settings(dsn: str) -> dict[str, str]:
 def server_report(conn: psycopg.Connection) -> dict[str, Any]:
     """What a drain report says about the server: its settings (PG_SETTINGS), build and
     version, and JIT as the server has it and as the engine's sessions get it
-    (engine.database.engine_conninfo turns it off)."""
+    (engine.db.database.engine_conninfo turns it off)."""
     report: dict[str, Any] = _settings(conn)
     row = conn.execute("SELECT version(), pg_jit_available()").fetchone()
     assert row is not None
@@ -208,7 +208,7 @@ async def enqueue(conn: psycopg.AsyncConnection, events: Sequence[EventIn]) -> N
     """`events` with the engine's own enqueue statement, ENQUEUE_BATCH to a statement, in
     the caller's transaction (or each statement its own in autocommit)."""
     for start in range(0, len(events), ENQUEUE_BATCH):
-        await enqueue_events_async(conn, events[start:start + ENQUEUE_BATCH])
+        await enqueue_events(conn, events[start:start + ENQUEUE_BATCH])
 
 
 class Engine:

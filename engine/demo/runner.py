@@ -18,13 +18,13 @@ import psycopg
 from rich.console import Console
 from rich.live import Live
 
-from engine.commands.errors import CommandError, database_error
+from engine.cli.errors import CommandError, database_error
+from engine.cli.parent_link import EXIT_WITH_PARENT_ENV
 from engine.config import Settings
-from engine.database import open_database
+from engine.db.database import open_database
+from engine.db.migrate import migrate
 from engine.demo import view
 from engine.demo.fakes import BEHAVIOURS, FakeDestinations
-from engine.migrate import migrate
-from engine.parent_link import EXIT_WITH_PARENT_ENV
 from engine.supervisor import open_listen_socket
 
 # Short enough that retries, dead letters and breaker cycles show within a minute.
@@ -126,7 +126,7 @@ def _stop(engine: subprocess.Popen[bytes]) -> None:
 
 
 def _create_destinations(settings: Settings, dsn: str, fakes: FakeDestinations) -> dict[int, str]:
-    from engine.commands.local_api import LocalApi
+    from engine.cli.local_api import LocalApi
 
     api = LocalApi(dataclasses.replace(settings, allow_private_targets=True), dsn)
     names: dict[int, str] = {}

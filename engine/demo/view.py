@@ -13,8 +13,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from engine import queries
-from engine.sql_params import DemoAttemptsParams, DestinationIdsParams
+from engine.db import queries
+from engine.db.sql_params import DemoAttemptsParams, DestinationIdsParams
 
 RECENT_ATTEMPTS = 8
 RECENT_CHANGES = 6

@@ -19,14 +19,13 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
-from engine import metrics as engine_metrics
-from engine import queries, queue_async
 from engine.config import Settings
+from engine.db import queries, queue_async
 from engine.domain import EventIn
 from engine.ingress import errors, store
 from engine.ingress import schemas as s
 from engine.ingress.committer import Committer
-from engine.ingress.console_api import ConsoleApi, cursor_param
+from engine.ingress.console.api import ConsoleApi, cursor_param
 from engine.ingress.dbgate import DatabaseGate
 from engine.ingress.destinations_api import DestinationApi
 from engine.ingress.errors import ApiError
@@ -41,7 +40,8 @@ from engine.ingress.http import (
 )
 from engine.ingress.metrics import IngressMetrics
 from engine.ingress.openapi import OPERATIONS, Operation, build_document
-from engine.operational_events import RESERVED_EVENT_PREFIX
+from engine.observe import metrics as engine_metrics
+from engine.observe.operational_events import RESERVED_EVENT_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ class IngressApp(DestinationApi, ConsoleApi):
         return json_response(200, s.Health("ok", "ok"))
 
     async def metrics(self, request: Request) -> Response:
-        # Every process's metrics plus gauges read from the database (engine/metrics.py);
+        # Every process's metrics plus gauges read from the database (engine/observe/metrics.py);
         # in a thread, since the database part is a blocking query.
         body = await asyncio.to_thread(engine_metrics.render, self.dsn, self.meters.registry)
         return Response(200, body, [(b"content-type", engine_metrics.CONTENT_TYPE.encode())])

@@ -30,14 +30,14 @@ import psycopg
 from psycopg.types.array import ListBinaryDumper
 from psycopg.types.string import StrBinaryDumper
 
-from engine import queries, queue_async
+from engine.db import queries, queue_async
+from engine.db.liveness import closed_by_server
+from engine.db.sql_params import AcceptFindKeysParams, DestinationIdsParams
 from engine.domain import EventIn
 from engine.ingress import errors
 from engine.ingress.errors import ApiError
 from engine.ingress.schemas import EventAccepted
-from engine.liveness import closed_by_server
-from engine.oplog import Outage
-from engine.sql_params import AcceptFindKeysParams, DestinationIdsParams
+from engine.observe.oplog import Outage
 
 if TYPE_CHECKING:
     from engine.ingress.dbgate import DatabaseGate

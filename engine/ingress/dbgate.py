@@ -7,7 +7,7 @@ Three promises during and after a database outage:
 - the truth on /healthz within a second of the database coming back: a probe connects
   every PROBE_INTERVAL_S while it is down, whether or not requests arrive;
 - no connection a restart broke ever reaches a request: each one is checked before use
-  (engine/liveness.py), and when the database comes back the pool is replaced by a fresh
+  (engine/db/liveness.py), and when the database comes back the pool is replaced by a fresh
   one. psycopg_pool would otherwise keep retrying its own connections with an exponential
   backoff (1 s, 2 s, 4 s…) and make requests wait for it long after the server is back.
 
@@ -24,10 +24,10 @@ from collections.abc import AsyncIterator
 import psycopg
 import psycopg_pool
 
-from engine import queries
+from engine.db import queries
+from engine.db.liveness import closed_by_server
 from engine.ingress import errors
-from engine.liveness import closed_by_server
-from engine.oplog import Outage
+from engine.observe.oplog import Outage
 
 POOL_TIMEOUT_S = 3.0
 POOL_MAX = 4

@@ -9,18 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
 
-from engine import queue_async
-from engine.destination_options import (
+from engine.db import queue_async
+from engine.ingress import errors, store
+from engine.ingress import schemas as s
+from engine.ingress.http import Request, Response, json_response
+from engine.webhooks.destination_options import (
     OptionError,
     check_headers,
     check_rate_limit,
     check_retry_schedule,
 )
-from engine.ingress import errors, store
-from engine.ingress import schemas as s
-from engine.ingress.http import Request, Response, json_response
-from engine.signing import generate_secret, secret_key
-from engine.targets import TargetError, validate_url
+from engine.webhooks.signing import generate_secret, secret_key
+from engine.webhooks.targets import TargetError, validate_url
 
 if TYPE_CHECKING:
     from engine.config import Settings

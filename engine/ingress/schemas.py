@@ -23,7 +23,7 @@ _NO_NUL = "^[^\\x00]*$"
 Id = Annotated[int, Meta(ge=1, le=MAX_ID)]
 Name = Annotated[str, Meta(min_length=1, max_length=256, pattern=_NO_NUL)]
 Key = Annotated[str, Meta(min_length=1, max_length=256, pattern=_NO_NUL)]
-# Only the scheme is in the pattern; the rest of the URL policy is engine.targets.
+# Only the scheme is in the pattern; the rest of the URL policy is engine.webhooks.targets.
 Url = Annotated[
     str, Meta(min_length=1, max_length=2048, pattern="^[hH][tT][tT][pP][sS]?://[^\\x00]*$")
 ]
@@ -38,7 +38,7 @@ EventTypes = Annotated[list[Name], Meta(max_length=1000)]
 MaxInFlight = Annotated[int, Meta(ge=1, le=MAX_IN_FLIGHT_CAP)]
 # The upper bound is the server's max_timeout_ms, checked by the handler.
 TimeoutMs = Annotated[int, Meta(ge=1, le=2**31 - 1)]
-# Per-destination options (engine/destination_options.py checks what a schema cannot say:
+# Per-destination options (engine/webhooks/destination_options.py checks what a schema cannot say:
 # refused header names, CR/LF, value bytes, a non-decreasing schedule).
 HeaderName = Annotated[str, Meta(pattern="^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")]
 HeaderValue = Annotated[str, Meta(max_length=1024)]
@@ -218,7 +218,7 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
-# The console's reads (engine/ingress/console_api.py) -----------------------------------
+# The console's reads (engine/ingress/console/api.py) -----------------------------------
 
 
 class EventSummary(msgspec.Struct):

@@ -19,7 +19,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from engine.config import Settings, load_settings
-from engine.database import engine_conninfo
+from engine.db.database import engine_conninfo
 from engine.ingress.app import IngressApp
 
 

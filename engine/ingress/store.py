@@ -9,11 +9,9 @@ from typing import TypeVar
 import msgspec
 from psycopg import AsyncConnection
 
-from engine import queries
-from engine.destination_options import format_duration
-from engine.ingress.schemas import Attempt, Delivery, DeliveryDetail, Destination, Event
-from engine.queries import Statement
-from engine.sql_params import (
+from engine.db import queries
+from engine.db.queries import Statement
+from engine.db.sql_params import (
     ApiDeliveriesListParams,
     ApiDestinationCreateParams,
     ApiDestinationDeliveriesListParams,
@@ -22,12 +20,14 @@ from engine.sql_params import (
     DestinationIdParams,
     EventIdParams,
 )
+from engine.ingress.schemas import Attempt, Delivery, DeliveryDetail, Destination, Event
+from engine.webhooks.destination_options import format_duration
 
 _json = msgspec.json.Encoder()
 
 
 class DeliveryOptions(msgspec.Struct):
-    """The per-destination delivery options, validated (engine/destination_options.py).
+    """The per-destination delivery options, validated (engine/webhooks/destination_options.py).
     On a PATCH, a field left UNSET keeps the column."""
 
     rate_limit: float | msgspec.UnsetType | None = msgspec.UNSET

@@ -8,9 +8,9 @@ loop every `settings.interval_s`, each in bounded batches of short transactions:
 - retention.py: finished deliveries, their attempts and then unreferenced events older
   than `retention_days` are deleted;
 - breaker_defer.py: due deliveries of destinations whose breaker is open move to the end
-  of the pause, out of the claim's way (engine/sql/breaker_defer.sql);
+  of the pause, out of the claim's way (engine/sql/maintenance/breaker_defer.sql);
 - auto_disable.py: destinations whose attempts have all failed for `disable_after` are
-  disabled, with an operational event (engine/sql/auto_disable.sql);
+  disabled, with an operational event (engine/sql/maintenance/auto_disable.sql);
 - fold_minutes.py: the console's rollup rows, written per worker session, are folded into
   one per minute and destination once the minute is two minutes old (docs/decisions/0012);
 - stalled_claims.py: the sessions of workers frozen inside a pipelined claim are ended so

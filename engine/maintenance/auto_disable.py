@@ -1,5 +1,5 @@
 """Auto-disable: destinations whose attempts have all failed for `disable_after` are
-disabled, with an operational event (engine/sql/auto_disable.sql)."""
+disabled, with an operational event (engine/sql/maintenance/auto_disable.sql)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from psycopg import Connection
 
-from engine import queries
-from engine.sql_params import AutoDisableParams
+from engine.db import queries
+from engine.db.sql_params import AutoDisableParams
 
 
 @dataclass(frozen=True)

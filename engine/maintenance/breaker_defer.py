@@ -1,5 +1,5 @@
 """Breaker deferral: due deliveries of destinations whose breaker is open move to the end
-of the pause, out of the claim's way (engine/sql/breaker_defer.sql)."""
+of the pause, out of the claim's way (engine/sql/maintenance/breaker_defer.sql)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from psycopg import Connection
 
-from engine import queries
-from engine.database import repeat_until_short
+from engine.db import queries
+from engine.db.database import repeat_until_short
+from engine.db.sql_params import BreakerDeferParams
 from engine.maintenance.budget import within_budget
-from engine.sql_params import BreakerDeferParams
 
 BREAKER_DEFER_BATCH = 1000
 BREAKER_DEFER_BUDGET_S = 5.0

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 
 def within_budget(budget_s: float, keep_going: Callable[[], bool]) -> Callable[[], bool]:
-    """A `keep_going` for engine.database.repeat_until_short: true while `keep_going()`
+    """A `keep_going` for engine.db.database.repeat_until_short: true while `keep_going()`
     and until `budget_s` from now."""
     deadline = time.monotonic() + budget_s
     return lambda: time.monotonic() < deadline and keep_going()

@@ -1,6 +1,6 @@
 """Folding the console's rollup: each worker session writes its own delivery_minutes rows
 (no worker waits on another's row lock); once a minute is two minutes old its rows are
-folded into one per minute and destination (engine/sql/fold_delivery_minutes.sql)."""
+folded into one per minute and destination (engine/sql/maintenance/fold_delivery_minutes.sql)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from psycopg import Connection
 
-from engine import queries
-from engine.database import repeat_until_short
+from engine.db import queries
+from engine.db.database import repeat_until_short
+from engine.db.sql_params import FoldDeliveryMinutesParams
 from engine.maintenance.budget import within_budget
-from engine.sql_params import FoldDeliveryMinutesParams
 
 FOLD_MINUTES_BATCH = 5000
 FOLD_MINUTES_BUDGET_S = 5.0

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import psycopg
 
-from engine import queries
-from engine.sql_params import LeaderSessionTimeoutParams, LockKeyParams
+from engine.db import queries
+from engine.db.sql_params import LeaderSessionTimeoutParams, LockKeyParams
 
 # pg_advisory_lock key naming "engine maintenance leader" (one-bigint key space).
 LEADER_LOCK_KEY = 0x656E67696E656C  # "engineL"

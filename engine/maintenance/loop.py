@@ -23,7 +23,7 @@ from engine.maintenance import (
     stalled_claims,
 )
 from engine.maintenance.leader import Leadership
-from engine.oplog import Outage, log_event
+from engine.observe.oplog import Outage, log_event
 
 TICK_S = 1.0
 

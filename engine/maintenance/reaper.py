@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from psycopg import Connection
 
-from engine import queue
+from engine.db import queue
 
 
 @dataclass(frozen=True)

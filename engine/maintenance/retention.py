@@ -10,15 +10,15 @@ from dataclasses import dataclass
 
 from psycopg import Connection
 
-from engine import queries
-from engine.database import repeat_until_short
-from engine.maintenance.budget import within_budget
-from engine.queries import Statement
-from engine.sql_params import (
+from engine.db import queries
+from engine.db.database import repeat_until_short
+from engine.db.queries import Statement
+from engine.db.sql_params import (
     RetentionBatchParams,
     RetentionCutoffParams,
     RetentionMinutesParams,
 )
+from engine.maintenance.budget import within_budget
 
 RETENTION_BATCH = 1000
 # delivery_minutes rows are kept this long (unless the retention cutoff is sooner): the

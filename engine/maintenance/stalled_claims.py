@@ -1,7 +1,7 @@
 """Stalled claims: the sessions of workers frozen in the middle of a pipelined claim are
 ended, under the leader, so that what the claim took is free again within the same bound
-as an idle claim transaction (engine/sql/end_stalled_claims.sql says why the server's own
-timeouts do not cover them)."""
+as an idle claim transaction (engine/sql/maintenance/end_stalled_claims.sql says why the
+server's own timeouts do not cover them)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from psycopg import Connection
 
-from engine import queries
-from engine.database import IDLE_IN_TRANSACTION_TIMEOUT_MS
-from engine.sql_params import EndStalledClaimsParams
+from engine.db import queries
+from engine.db.database import IDLE_IN_TRANSACTION_TIMEOUT_MS
+from engine.db.sql_params import EndStalledClaimsParams
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.embedded import ensure_server
+from engine.db.embedded import ensure_server
 
 
 @contextmanager

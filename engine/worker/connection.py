@@ -17,9 +17,9 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from engine.database import session_options
-from engine.oplog import Outage
-from engine.queries import NOTIFY_CHANNEL
+from engine.db.database import session_options
+from engine.db.queries import NOTIFY_CHANNEL
+from engine.observe.oplog import Outage
 
 RECONNECT_DELAY_S = 1.0
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from engine.domain import Claim, Result
-from engine.send_pacing import SEND_AT_ONCE_S, SendSchedule
 from engine.worker import outcome
+from engine.worker.send_pacing import SEND_AT_ONCE_S, SendSchedule
 from engine.worker.slots import DestinationSlots, Waiting, overstayed, take_overstayed
 
 # A capped destination gets spare claims (hand_over) only once its answers take this long:

@@ -23,19 +23,19 @@ import psycopg
 import uvloop
 from psycopg.errors import IdleInTransactionSessionTimeout
 
-from engine import queue_async
 from engine.config import Settings
+from engine.db import queue_async
 from engine.domain import BreakerSettings, Claim, worker_id
-from engine.http_client import HttpResult
-from engine.http_pools import CurlPools
-from engine.metrics import count_results, instruments
-from engine.oplog import Outage, log_event
-from engine.signing import build_headers
-from engine.targets import Lookup, system_lookup
+from engine.observe.metrics import count_results, instruments
+from engine.observe.oplog import Outage, log_event
+from engine.webhooks.signing import build_headers
+from engine.webhooks.targets import Lookup, system_lookup
 from engine.worker import outcome
 from engine.worker.claim_policy import ClaimPolicy, claim_outlived_lease
 from engine.worker.connection import RECONNECT_DELAY_S, DatabaseGone, DrainDeadline, connect
 from engine.worker.dispatcher import SlotDispatcher
+from engine.worker.http.client import HttpResult
+from engine.worker.http.pools import CurlPools
 from engine.worker.recorder import Batch, ResultRecorder
 
 # A woken worker claims this much later (see _wait_for_work and
@@ -62,7 +62,7 @@ class DeliveryWorker:
     ) -> None:
         self.settings = settings
         self.dsn = dsn
-        self.lookup = lookup  # resolves destination names (engine/targets.py)
+        self.lookup = lookup  # resolves destination names (engine/webhooks/targets.py)
         self.worker = worker or worker_id()
         self.capacity = settings.max_in_flight  # requests with libcurl at once
         self.policy = ClaimPolicy(self.capacity)

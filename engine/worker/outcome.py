@@ -12,8 +12,8 @@ import random
 from collections.abc import Callable, Sequence
 
 from engine.domain import Claim, Result
-from engine.http_client import HttpResult
-from engine.retry import retry_delay
+from engine.webhooks.retry import retry_delay
+from engine.worker.http.client import HttpResult
 
 MAX_RETRY_AFTER_S = 3600.0
 STORED_BODY_BYTES = 4096

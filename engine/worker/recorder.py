@@ -18,10 +18,10 @@ from typing import NamedTuple
 import msgspec
 import psycopg
 
-from engine import queue_async
+from engine.db import queue_async
+from engine.db.liveness import closed_by_server
 from engine.domain import BreakerSettings, Claim, Result
-from engine.liveness import closed_by_server
-from engine.oplog import Outage
+from engine.observe.oplog import Outage
 from engine.worker.connection import RECONNECT_DELAY_S, DrainDeadline, connect
 
 FLUSH_SIZE = 500

@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from engine.migrate import migrate
+from engine.db.migrate import migrate
 from engine.testing.pgserver import throwaway_server
 
 TABLES = ("delivery_attempts", "finished_deliveries", "deliveries", "events", "destinations",

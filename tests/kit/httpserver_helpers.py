@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from engine.targets import TargetUnresolvable
+from engine.webhooks.targets import TargetUnresolvable
 
 BIG_BODY = b"x" * 100_000
 
@@ -29,7 +29,7 @@ PINNED_HOST = "pinned.invalid"
 
 
 async def loopback_lookup(host: str, port: int) -> list[str]:
-    """A stand-in for the system resolver (engine.targets.Lookup): PINNED_HOST is
+    """A stand-in for the system resolver (engine.webhooks.targets.Lookup): PINNED_HOST is
     127.0.0.1, every other name does not resolve."""
     if host == PINNED_HOST:
         return ["127.0.0.1"]

@@ -1,4 +1,4 @@
-"""The production queue operations (engine/queue_async.py) called from synchronous test
+"""The production queue operations (engine/db/queue_async.py) called from synchronous test
 code, one function each, with the production signature but a synchronous connection.
 
 Production runs them on asyncio connections (the worker, ingress, the API). A test holds
@@ -14,7 +14,7 @@ collection, or when the test's database is dropped.
 transaction (a table lock held across the insert, a rollback), so it runs the production
 statement and parameters (queue_async.enqueue_params, .enqueued) on `conn` itself.
 
-engine/queue.py's release_claims and return_claims are synchronous in production too:
+engine/db/queue.py's release_claims and return_claims are synchronous in production too:
 tests call them directly.
 """
 
@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from engine import queries, queue_async
+from engine.db import queries, queue_async
+from engine.db.queue import REPLAY_BATCH
 from engine.domain import BreakerSettings, Claim, EventIn, Result
-from engine.queue import REPLAY_BATCH
 
 T = TypeVar("T")
 

@@ -26,12 +26,12 @@ from typing import TypeVar
 import psycopg
 import uvloop
 
-from engine import queue_async
+from engine.db import queue_async
 from engine.domain import BreakerSettings, Claim, Result
-from engine.http_transfer import HttpResult
-from engine.oplog import Outage
+from engine.observe.oplog import Outage
 from engine.worker import outcome
 from engine.worker.connection import connect
+from engine.worker.http.transfer import HttpResult
 
 T = TypeVar("T")
 

@@ -1,0 +1,255 @@
+"""The queue's operations on asyncio connections, one function each, as production runs
+them: the worker's claim and result writes, ingress's insert of events, the API's replays,
+and the NOTIFY that wakes the claimers. Each runs engine/sql/ statements through
+engine/db/queries.py in short transactions (or one autocommit statement); none holds a
+connection while anything but the database works. Claims given back (the supervisor, the
+reaper) run on synchronous connections: engine/db/queue.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+from psycopg import AsyncConnection
+
+from engine.db import queries
+from engine.db.queue import (
+    BREAKER_LOCK_CLASS,
+    CAPPED_CLAIM_LOCK_CLASS,
+    CAPPED_LOCKS_PER_CLAIM,
+    REPLAY_BATCH,
+)
+from engine.db.sql_params import (
+    ClaimBatchParams,
+    DeliveryIdParams,
+    EnqueueEventsParams,
+    LockCappedDestinationsParams,
+    NotifyDeliveriesParams,
+    RecordResultsParams,
+    RefillSlotsParams,
+    ReplayDeadParams,
+    TakeRateTokensParams,
+)
+from engine.domain import OUTCOMES, BreakerSettings, Claim, EventIn, Result
+
+_RESULTS_ENCODER = msgspec.json.Encoder()
+_LOCK_CAPPED = LockCappedDestinationsParams(
+    advisory_lock_class=CAPPED_CLAIM_LOCK_CLASS, limit=CAPPED_LOCKS_PER_CLAIM)
+_NOTIFY = NotifyDeliveriesParams(notification_channel=queries.NOTIFY_CHANNEL)
+
+# A row of take_rate_tokens.sql: destination id, tokens, first send time, statement time.
+RateBooking = tuple[int, int, dt.datetime, dt.datetime]
+
+
+async def notify_deliveries(conn: AsyncConnection) -> None:
+    """Wake the idle claimers (they LISTEN on queries.NOTIFY_CHANNEL)."""
+    await queries.NOTIFY_DELIVERIES.run(conn, _NOTIFY)
+
+
+async def claim_batch(
+    conn: AsyncConnection, worker: str, limit: int, lease_ms: int, first_attempt_reserve: int = 0,
+    skip_destinations: Sequence[int] = (), announce_backlog: bool = False,
+) -> list[Claim]:
+    """Claim up to `limit` due deliveries for `worker`, none of `skip_destinations`;
+    commits before returning. `announce_backlog`: nobody announced this work (the claim
+    follows a poll, not a NOTIFY), so if the claim comes back full, wake every claimer.
+
+    Pipelined: BEGIN goes out with the first statement and COMMIT with the claim, two
+    round trips instead of four. On a busy machine every round trip waits for the backend
+    to be scheduled, and the claim is what a worker's free slots wait for."""
+    async with conn.pipeline() as pipeline, conn.transaction():
+        # The capped destinations' locks come first: the claim's snapshot must be taken
+        # after them (lock_capped_destinations.sql). The rate-limit tokens go in the same
+        # round trip (take_rate_tokens.sql).
+        locked = await queries.LOCK_CAPPED_DESTINATIONS.run(conn, _LOCK_CAPPED)
+        booked = await queries.TAKE_RATE_TOKENS.run(conn, TakeRateTokensParams(
+            limit=limit, destination_ids=list(skip_destinations)))
+        await pipeline.sync()
+        capped = [row[0] for row in await locked.fetchall()]
+        tokens: list[RateBooking] = await booked.fetchall()
+        claimed = await queries.CLAIM_BATCH.run(conn, ClaimBatchParams(
+            worker_id=worker, limit=limit, first_attempt_reserve=first_attempt_reserve,
+            lease_ms=lease_ms, capped_destination_ids=capped,
+            destination_ids=list(skip_destinations),
+            rate_limited_destination_ids=[booking[0] for booking in tokens],
+            tokens=[booking[1] for booking in tokens],
+        ))
+    claims = _claims(await claimed.fetchall(), tokens)
+    if (len(capped) >= CAPPED_LOCKS_PER_CLAIM and claims) or (
+            announce_backlog and len(claims) >= limit):
+        # A claim that locked its most capped destinations: others may have room and due
+        # work too, and every claimer should share them rather than this one claiming
+        # again (docs/decisions/0015-capped-slots-refilled-by-the-result-write.md). Not
+        # after an empty claim: the destinations it locked may all be left out, and every
+        # claimer would only lock them again.
+        # A full claim after a poll found a backlog that fell due by time (retries, a
+        # delay), which no NOTIFY announced: the idle claimers would each find it only at
+        # their own poll (docs/decisions/0005-notify-gather-20ms.md).
+        await notify_deliveries(conn)
+    return claims
+
+
+def _claims(rows: Sequence[Sequence[Any]], rate_tokens: Sequence[RateBooking]) -> list[Claim]:
+    """claim_batch.sql's (or refill_slots.sql's) rows as Claims. A rate-limited
+    destination's claims take the send times its row of take_rate_tokens.sql booked,
+    1/rate apart from the first, in id order (the order they were enqueued in);
+    claim_batch.sql gave back those left over."""
+    if not rate_tokens:
+        return [Claim(*row) for row in rows]
+    booked = {booking[0]: booking for booking in rate_tokens}
+    claims: list[Claim] = []
+    rated: dict[int, list[Sequence[Any]]] = {}
+    for row in rows:
+        if row[_DESTINATION_COLUMN] in booked:
+            rated.setdefault(row[_DESTINATION_COLUMN], []).append(row)
+        else:
+            claims.append(Claim(*row))
+    for destination, destination_rows in rated.items():
+        _, _, first_send_at, statement_at = booked[destination]
+        first_delay_s = (first_send_at - statement_at).total_seconds()
+        interval_s = 1 / destination_rows[0][_RATE_LIMIT_COLUMN]
+        destination_rows.sort(key=lambda row: row[0])
+        for k, row in enumerate(destination_rows):
+            offset_s = k * interval_s
+            claims.append(Claim(*row, first_send_at + dt.timedelta(seconds=offset_s),
+                                first_delay_s + offset_s))
+    return claims
+
+
+# Where claim_batch.sql's rows (Claim's fields, in order) have these.
+_DESTINATION_COLUMN = Claim.__struct_fields__.index("destination_id")
+_RATE_LIMIT_COLUMN = Claim.__struct_fields__.index("rate_limit")
+
+
+def record_params(
+    worker: str, results: Sequence[Result], breaker: BreakerSettings | None = None,
+    refilled: Sequence[int] = (),
+) -> RecordResultsParams:
+    """record_results.sql's parameters: the whole batch as one JSON document; `refilled`:
+    the destinations refill_slots.sql refills after it in the same transaction."""
+    breaker = breaker or BreakerSettings()
+    for r in results:
+        if r.outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {r.outcome!r}")
+    return RecordResultsParams(
+        worker_id=worker,
+        results=_RESULTS_ENCODER.encode(results).decode(),
+        breaker_threshold=breaker.threshold,
+        breaker_base_pause_ms=breaker.base_pause_ms,
+        breaker_max_pause_ms=breaker.max_pause_ms,
+        advisory_lock_class=BREAKER_LOCK_CLASS,
+        notification_channel=queries.NOTIFY_CHANNEL,
+        refilled_destination_ids=list(refilled),
+    )
+
+
+async def record_results(
+    conn: AsyncConnection, worker: str, results: Sequence[Result],
+    breaker: BreakerSettings | None = None,
+) -> int:
+    """Apply many attempt outcomes in one statement; returns how many still belonged to
+    `worker` (the rest were reaped or released meanwhile and change nothing). Finished
+    deliveries move to finished_deliveries in the same statement
+    (docs/decisions/0001-move-deliveries-at-completion.md). `conn` is in autocommit mode:
+    the one statement is its own transaction (no BEGIN and COMMIT round trips)."""
+    if not results:
+        return 0
+    params = record_params(worker, results, breaker)
+    row = await (await queries.RECORD_RESULTS.run(conn, params)).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def record_results_and_refill(
+    conn: AsyncConnection, worker: str, results: Sequence[Result], lease_ms: int,
+    refill: Mapping[int, int], breaker: BreakerSettings | None = None,
+    spares: Mapping[int, int] = {},
+) -> list[Claim]:
+    """record_results, then in the same transaction claim for `worker` the next due
+    deliveries of capped destinations whose slots the batch gave back (`refill`:
+    destination id -> at most this many; refill_slots.sql says which are refilled), and
+    `spares` (destination id -> at most this many) that take no slot.
+
+    `conn` is in autocommit mode and the two statements are pipelined without BEGIN and
+    COMMIT: in a pipeline, the statements up to its Sync are one transaction
+    (PostgreSQL's extended protocol), which commits at the Sync and rolls back whole if
+    one fails. BEGIN and COMMIT would each wait for a turn of the worker's event loop
+    (docs/decisions/0015-capped-slots-refilled-by-the-result-write.md)."""
+    destinations = list(refill) + [d for d in spares if d not in refill]
+    refills = RefillSlotsParams(
+        worker_id=worker, lease_ms=lease_ms, destination_ids=destinations,
+        slots=[refill.get(d, 0) for d in destinations],
+        spares=[spares.get(d, 0) for d in destinations])
+    async with conn.pipeline():
+        await queries.RECORD_RESULTS.run(
+            conn, record_params(worker, results, breaker, list(refill)))
+        refilled = await queries.REFILL_SLOTS.run(conn, refills)
+    return _claims(await refilled.fetchall(), ())
+
+
+def enqueue_params(events: Sequence[EventIn]) -> EnqueueEventsParams:
+    """enqueue_events.sql's parameters: one array per column, and the explicit targets as
+    (event position, destination id) pairs."""
+    target_ord: list[int] = []
+    target_dest: list[int] = []
+    for position, event in enumerate(events, start=1):
+        for destination_id in event.destination_ids or ():
+            target_ord.append(position)
+            target_dest.append(destination_id)
+    return EnqueueEventsParams(
+        types=[e.type for e in events],
+        payloads=[e.payload for e in events],
+        ordering_keys=[e.ordering_key for e in events],
+        idempotency_keys=[e.idempotency_key for e in events],
+        request_hashes=[e.request_hash for e in events],
+        explicit=[e.destination_ids is not None for e in events],
+        target_ord=target_ord,
+        target_destination_id=target_dest,
+    )
+
+
+async def enqueue_events(
+    conn: AsyncConnection, events: Sequence[EventIn]
+) -> list[tuple[int | None, int]]:
+    """Insert events and their deliveries in one statement, inside the caller's
+    transaction if any (in autocommit it is its own: one round trip, committed when it
+    returns). Returns (event id, delivery count) per event; id None where the idempotency
+    key exists."""
+    cursor = await queries.ENQUEUE_EVENTS.run(conn, enqueue_params(events))
+    return enqueued(await cursor.fetchall())
+
+
+def enqueued(rows: Sequence[Sequence[Any]]) -> list[tuple[int | None, int]]:
+    """enqueue_events.sql's rows as (event id or None, deliveries created), in order."""
+    return [(row[1], int(row[2]) if row[2] is not None else 0) for row in rows]
+
+
+async def replay_delivery(conn: AsyncConnection, delivery_id: int) -> bool:
+    """Put one delivery back as a first attempt; False if it is in flight or unknown."""
+    async with conn.transaction():
+        cursor = await queries.REPLAY_DELIVERY.run(
+            conn, DeliveryIdParams(delivery_id=delivery_id))
+        row = await cursor.fetchone()
+    return row is not None
+
+
+async def replay_dead(
+    conn: AsyncConnection, destination_id: int, since: dt.datetime | None = None,
+    batch: int = REPLAY_BATCH,
+) -> int:
+    """Replay every dead delivery of a destination (since a time) that died before the
+    call, in batches of `batch`, each its own transaction, until one comes back short."""
+    async with conn.transaction():
+        started = await (await queries.DATABASE_NOW.run(conn)).fetchone()
+    params = ReplayDeadParams(destination_id=destination_id, since=since,
+                              until=started[0] if started else None, batch_limit=batch)
+    total = 0
+    while True:
+        async with conn.transaction():
+            row = await (await queries.REPLAY_DEAD.run(conn, params)).fetchone()
+        moved = int(row[0]) if row else 0
+        total += moved
+        if moved < batch:
+            return total

@@ -1,0 +1,250 @@
+"""The parameters of the engine/sql/ statements: one typed tuple for each statement that
+takes any (several statements may share one).
+
+Each field is one `$n`, in order, named as the statement's header names it ("$5 capped
+destination ids bigint[]" is `capped_destination_ids`); the code binds a statement only
+through its tuple, built by keyword. engine/db/queries.py says which tuple binds which file,
+and tests/test_sql_headers.py compares every header with its tuple, so a parameter
+reordered on one side fails a test instead of binding a value to the wrong `$n`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class ClaimBatchParams(NamedTuple):
+    worker_id: str
+    limit: int
+    first_attempt_reserve: int
+    lease_ms: int
+    capped_destination_ids: list[int]  # what lock_capped_destinations.sql just locked
+    destination_ids: list[int]  # those this worker wants none of now
+    rate_limited_destination_ids: list[int]
+    tokens: list[int]  # what take_rate_tokens.sql took for each of the above
+
+
+class TakeRateTokensParams(NamedTuple):
+    limit: int
+    destination_ids: list[int]  # claim_batch's destination_ids
+
+
+class LockCappedDestinationsParams(NamedTuple):
+    advisory_lock_class: int
+    limit: int
+
+
+class RecordResultsParams(NamedTuple):
+    worker_id: str
+    results: str  # JSON
+    breaker_threshold: int
+    breaker_base_pause_ms: int
+    breaker_max_pause_ms: int
+    advisory_lock_class: int
+    notification_channel: str
+    refilled_destination_ids: list[int]  # refilled in the same transaction: no wake-up
+
+
+class RefillSlotsParams(NamedTuple):
+    worker_id: str
+    lease_ms: int
+    destination_ids: list[int]  # capped destinations whose slots the batch gave back
+    slots: list[int]  # at most this many for each
+    spares: list[int]  # and at most this many that take no slot
+
+
+class ReturnClaimsParams(NamedTuple):
+    locked_by: str | None
+    only_expired: bool
+    reason: str
+    max_attempts: int
+    batch_limit: int
+    advisory_lock_class: int
+
+
+class EnqueueEventsParams(NamedTuple):
+    types: list[str]
+    payloads: list[str]
+    ordering_keys: list[str | None]
+    idempotency_keys: list[str | None]
+    request_hashes: list[bytes | None]
+    explicit: list[bool]
+    target_ord: list[int]
+    target_destination_id: list[int]
+
+
+class DeliveryIdParams(NamedTuple):
+    delivery_id: int
+
+
+class DestinationIdParams(NamedTuple):
+    destination_id: int
+
+
+class EventIdParams(NamedTuple):
+    event_id: int
+
+
+class DestinationIdsParams(NamedTuple):
+    destination_ids: list[int]
+
+
+class AcceptFindKeysParams(NamedTuple):
+    idempotency_keys: list[str]
+
+
+class NotifyDeliveriesParams(NamedTuple):
+    notification_channel: str
+
+
+class LockKeyParams(NamedTuple):
+    lock_key: int
+
+
+class LeaderSessionTimeoutParams(NamedTuple):
+    idle_session_timeout: str  # an interval, e.g. '10s'
+
+
+class RetentionCutoffParams(NamedTuple):
+    retention_seconds: float
+
+
+class FoldDeliveryMinutesParams(NamedTuple):
+    batch_limit: int
+
+
+class StatusDestinationsParams(NamedTuple):
+    top_n: int
+
+
+class ConsoleDestinationWindowParams(NamedTuple):
+    window_seconds: float
+
+
+class SchemaTablesParams(NamedTuple):
+    left_out: list[str]  # table names
+
+
+class TableOidParams(NamedTuple):
+    table_oid: int
+
+
+class ReplayDeadParams(NamedTuple):
+    destination_id: int
+    since: object  # datetime | None
+    until: object  # datetime | None
+    batch_limit: int
+
+
+class RetentionBatchParams(NamedTuple):
+    cutoff: object  # datetime
+    batch_limit: int
+
+
+class BreakerDeferParams(NamedTuple):
+    batch_limit: int
+
+
+class EndStalledClaimsParams(NamedTuple):
+    stalled_after_ms: int
+
+
+class AutoDisableParams(NamedTuple):
+    disable_after_seconds: float
+
+
+class RetentionMinutesParams(NamedTuple):
+    cutoff: object  # datetime: retention_finished's
+    batch_limit: int
+    kept_seconds: float
+
+
+class MigrationsRecordParams(NamedTuple):
+    version: int
+    name: str
+
+
+class DemoAttemptsParams(NamedTuple):
+    destination_ids: list[int]
+    limit: int
+
+
+class ConsoleEventsParams(NamedTuple):
+    since: object  # datetime | None
+    until: object  # datetime | None
+    after_id: int | None
+    limit: int
+    event_type: str | None
+
+
+class ConsoleDeliveriesParams(NamedTuple):
+    event_type: str | None
+    since: object  # datetime | None
+    until: object  # datetime | None
+    status: str | None
+    destination_id: int | None
+    after_id: int | None
+    limit: int
+
+
+class ConsoleDeadDeliveriesParams(NamedTuple):
+    destination_id: int | None
+    before_id: int | None
+    limit: int
+
+
+class DestinationStatsParams(NamedTuple):
+    destination_id: int
+    window_seconds: float
+    dead_since: object  # datetime | None
+
+
+class ApiDestinationCreateParams(NamedTuple):
+    url: str
+    secret: str
+    event_types: list[str] | None
+    max_in_flight: int | None
+    ordered: bool
+    timeout_ms: int
+    rate_limit: float | None
+    headers: str | None  # a JSON object
+    retry_schedule: list[float] | None
+
+
+class ApiDestinationPatchParams(NamedTuple):
+    destination_id: int
+    url: str | None
+    set_event_types: bool
+    event_types: list[str] | None
+    set_max_in_flight: bool
+    max_in_flight: int | None
+    ordered: bool | None
+    timeout_ms: int | None
+    paused: bool | None
+    disabled: bool | None
+    new_secret: str | None
+    previous_secret_ms: int
+    resume: bool
+    set_rate_limit: bool
+    rate_limit: float | None
+    set_headers: bool
+    headers: str | None  # a JSON object
+    set_retry_schedule: bool
+    retry_schedule: list[float] | None
+
+
+class ApiDeliveriesListParams(NamedTuple):
+    status: str | None
+    before_id: int | None
+    limit: int
+    scan_deliveries: bool
+    scan_finished_deliveries: bool
+
+
+class ApiDestinationDeliveriesListParams(NamedTuple):
+    status: str | None
+    before_id: int | None
+    limit: int
+    scan_deliveries: bool
+    scan_finished_deliveries: bool
+    destination_id: int

@@ -1,0 +1,1 @@
+"""The console: its JSON API, its reads, and the static page (static/)."""

@@ -1,0 +1,2 @@
+"""What the engine tells its operators: metrics, the operator log, operational
+events, `engine status`, duration percentiles and autovacuum advice."""

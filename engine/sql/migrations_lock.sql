@@ -1,3 +1,0 @@
--- migrations_lock: one migrator at a time (engine/migrate.py); held by the session.
---   $1 lock key bigint (engine/migrate.py MIGRATION_LOCK_KEY)
-SELECT pg_advisory_lock($1)

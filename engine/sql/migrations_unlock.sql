@@ -1,3 +1,0 @@
--- migrations_unlock: release migrations_lock.sql's lock.
---   $1 lock key bigint (engine/migrate.py MIGRATION_LOCK_KEY)
-SELECT pg_advisory_unlock($1)
