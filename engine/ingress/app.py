@@ -2,7 +2,7 @@
 health handlers.
 
 uvicorn parses HTTP; this module sees ASGI scopes. Each operation declared in openapi.py
-is bound to one handler, here or in the mixins destinations_api.py and console_api.py;
+is bound to one handler, here or in the mixins destinations_api.py and console/api.py;
 requests (http.py) are decoded by the msgspec types of schemas.py.
 """
 
@@ -60,7 +60,7 @@ def request_hash(event_type: str, payload: bytes, destination_ids: list[int] | N
 
 class IngressApp(DestinationApi, ConsoleApi):
     """The ASGI callable. Opens its pool and committer on lifespan startup. The destination
-    handlers are in destinations_api.py, the console's page and reads in console_api.py."""
+    handlers are in destinations_api.py, the console's page and reads in console/api.py."""
 
     def __init__(self, settings: Settings, dsn: str) -> None:
         self.settings = settings

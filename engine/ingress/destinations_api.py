@@ -1,6 +1,6 @@
 """The destination handlers of the ingress API (create, list, read, patch, delete, replay
 its dead deliveries), a mixin of IngressApp (app.py) as the console's reads are
-(console_api.py): validation here, SQL in store.py and engine/sql/."""
+(console/api.py): validation here, SQL in store.py and engine/sql/."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The ingress app's HTTP plumbing: a request as its handlers see it (body limits, JSON
 decoding by msgspec type, query parameters), the response they return, and the JSON
-helpers every handler module shares (app.py, destinations_api.py, console_api.py)."""
+helpers every handler module shares (app.py, destinations_api.py, console/api.py)."""
 
 from __future__ import annotations
 

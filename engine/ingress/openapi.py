@@ -106,7 +106,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("replay_delivery", "POST", "/v1/deliveries/{id}/replay",
               "Send a delivery again as a first attempt", 202, s.Delivery,
               errors=(404, 409, *_DB)),
-    # The console's reads (console_api.py).
+    # The console's reads (console/api.py).
     Operation("list_events", "GET", "/v1/events",
               "List events without payloads, newest first (created_at, then id)",
               200, s.EventPage,

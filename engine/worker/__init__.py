@@ -1,4 +1,4 @@
-"""A delivery worker process: one uvloop event loop around its CurlPools (http_pools.py).
+"""A delivery worker process: one uvloop event loop around its CurlPools (http/pools.py).
 
 The pipeline: claim a batch (one statement, one short transaction), hand the connection
 back, send every claim concurrently, and record outcomes in batches (one statement per

@@ -1,6 +1,6 @@
 -- console_destination_window: per destination, its backlog now and its attempts in the
 -- window: how many, how many succeeded (2xx), their duration histogram with its extremes
--- (console_store.py computes p50/p99 from them, engine/observe/duration_histogram.py), the
+-- (engine/ingress/console/store.py computes p50/p99 from them, engine/observe/duration_histogram.py), the
 -- latest error.
 --   $1 window seconds float8
 -- Attempts come from destination_window() (schema/014): the per-minute rollup through its

@@ -1,5 +1,5 @@
 -- destination_stats: GET /v1/destinations/{id}/stats: one destination's attempts in the
--- window by outcome, their duration histogram with its extremes (console_store.py
+-- window by outcome, their duration histogram with its extremes (engine/ingress/console/store.py
 -- computes p50/p90/p99 from them, engine/observe/duration_histogram.py), its backlog and its
 -- dead deliveries.
 --   $1 destination id bigint, $2 window seconds float8,

@@ -1,7 +1,7 @@
 -- status_queue: the queue's depth at a glance, one row: `engine status` and the console's
 -- overview (refreshed every few seconds). No parameters. The fan-out averages, which read
 -- a day of events, are status_fanout.sql's, which the console reads at most every few
--- minutes (console_store.py).
+-- minutes (engine/ingress/console/store.py).
 -- Counts over the hot table are cheap (it holds only the backlog); the dead count is an
 -- index-only scan of finished_deliveries_dead_idx.
 SELECT
