@@ -26,6 +26,7 @@ from engine.db.migrate import migrate
 from engine.demo import view
 from engine.demo.fakes import BEHAVIOURS, FakeDestinations
 from engine.supervisor import open_listen_socket
+from engine.testing.processes import stop_process
 
 # Short enough that retries, dead letters and breaker cycles show within a minute.
 DEMO_CONFIG = """\
@@ -110,19 +111,9 @@ def _wait_ready(api: str, engine: subprocess.Popen[bytes], log: Path) -> None:
 
 
 def _stop(engine: subprocess.Popen[bytes]) -> None:
-    """SIGTERM: the engine drains (answers in flight are recorded), then exits."""
-    if engine.poll() is not None:
-        return
-    engine.send_signal(signal.SIGTERM)
-    try:
-        engine.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        engine.send_signal(signal.SIGTERM)  # a second signal: exit at once
-        try:
-            engine.wait(5)
-        except subprocess.TimeoutExpired:
-            engine.kill()
-            engine.wait()
+    """SIGTERM: the engine drains (answers in flight are recorded), then exits; a second
+    SIGTERM after STOP_TIMEOUT_S ends it at once."""
+    stop_process(engine, STOP_TIMEOUT_S, 5)
 
 
 def _create_destinations(settings: Settings, dsn: str, fakes: FakeDestinations) -> dict[int, str]:

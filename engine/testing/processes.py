@@ -6,14 +6,18 @@ import signal
 import subprocess
 
 
-def stop_process(proc: subprocess.Popen, grace_s: float) -> None:
+def stop_process(proc: subprocess.Popen, *grace_s: float) -> None:
     """SIGTERM, the signal an operator sends (the engine drains, a fake destination writes
-    its stats); SIGKILL if the process has not ended after `grace_s`."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
+    its stats), once for each grace period the process has not ended within; then
+    SIGKILL. The engine takes a second SIGTERM as "exit at once"."""
+    for grace in grace_s:
+        if proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            continue
+    if proc.poll() is None:
         proc.kill()
         proc.wait()
