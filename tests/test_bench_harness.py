@@ -81,6 +81,10 @@ def test_unknown_scenario_and_bad_procs_are_one_line_errors() -> None:
     assert out.returncode == 2 and "unknown scenario 'no-such'" in out.stderr
     out = harness("contention", "--procs", "0")
     assert out.returncode == 2 and "--procs must be at least 1" in out.stderr
+    # Without a scenario, as SPEC writes `bench/run.sh [scenario] [--quick] ...`: throughput.
+    out = harness("--procs", "0")
+    assert out.returncode == 2 and "python -m bench throughput" in out.stderr
+    assert "--procs must be at least 1" in out.stderr
     assert "Traceback" not in out.stderr
 
 

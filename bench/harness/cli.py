@@ -93,19 +93,26 @@ SCENARIOS: dict[str, Scenario] = {
 ALL_BLOAT_S = 480.0
 
 
+DEFAULT_SCENARIO = "throughput"
+
+
 def usage() -> str:
     width = max(map(len, SCENARIOS))
     lines = [f"  {name:<{width}}  {scenario.summary}" for name, scenario in SCENARIOS.items()]
-    return ("usage: python -m bench SCENARIO [options]   (or bench/run.sh SCENARIO ...)\n\n"
+    return ("usage: python -m bench [SCENARIO] [options]   (or bench/run.sh [SCENARIO] ...;"
+            f" without one, {DEFAULT_SCENARIO})\n\n"
             "scenarios (bench/README.md says what each measures and how to read its report;"
             "\n`python -m bench SCENARIO --help` lists its options):\n" + "\n".join(lines))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(usage(), file=sys.stdout if args else sys.stderr)
-        return 0 if args else 2
+    if args and args[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    # SPEC: `bench/run.sh [scenario] [--quick] ...`; without a scenario, throughput.
+    if not args or args[0].startswith("-"):
+        args = [DEFAULT_SCENARIO, *args]
     name, rest = args[0], args[1:]
     scenario = SCENARIOS.get(name)
     if scenario is None:
