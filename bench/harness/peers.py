@@ -42,16 +42,25 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import asyncpg
 import psycopg
-from pgqueuer import AsyncpgDriver, Queries
 from psycopg.conninfo import conninfo_to_dict
 
 from bench.harness import drain, drain_watch, stack
-from bench.harness.peer_pgqueuer import ENTRYPOINT
 from bench.harness.report import REPORTS, save_json
 from engine.config import Settings
 from engine.testing.fakedest import FakeDestination
+
+# The peer's packages come with the bench extra, not the test one: without them --help and
+# the registry still work, and main() says how to install them before it starts anything.
+try:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
+
+    from bench.harness.peer_pgqueuer import ENTRYPOINT
+except ImportError as missing:
+    PEER_MISSING: ImportError | None = missing
+else:
+    PEER_MISSING = None
 
 PEER_WORKER = Path(__file__).with_name("peer_pgqueuer.py")
 PEER_DB = "engine_bench_pgqueuer"
@@ -185,6 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--engine-warm", type=int,
         help="the engine's warm-up deliveries, as in bench/drain.py")
     args = parser.parse_args(argv)
+    if PEER_MISSING is not None:
+        print(f"bench peers: {PEER_MISSING.name or PEER_MISSING} is missing; install the bench's"
+              " packages: pip install -e '.[bench]'", file=sys.stderr)
+        return 2
     names = list(drain.SCENARIOS) if args.scenario == "all" else [args.scenario]
     if args.scenario in drain.MIXES:
         names = []
