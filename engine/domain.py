@@ -91,6 +91,11 @@ class BreakerSettings:
     max_pause_ms: int = BREAKER_MAX_PAUSE_MS
 
 
+# The tenant of everything written before tenants, and of the unscoped API paths called
+# with the admin token (schema/016_tenants.sql writes it first).
+DEFAULT_TENANT_ID = 1
+
+
 @dataclass
 class EventIn:
     """One event to enqueue. `destination_ids` None means fan out by event type."""
@@ -101,3 +106,4 @@ class EventIn:
     ordering_key: str | None = None
     idempotency_key: str | None = None
     request_hash: bytes | None = None
+    tenant_id: int = DEFAULT_TENANT_ID

@@ -39,6 +39,7 @@ CREATE TABLE destinations (
     failing_since timestamp with time zone,
     disabled_at timestamp with time zone,
     breaker_closed_at timestamp with time zone,
+    tenant_id bigint DEFAULT 1 NOT NULL,
     CONSTRAINT destinations_max_in_flight_check CHECK ((max_in_flight > 0)),
     CONSTRAINT destinations_rate_limit_check CHECK ((rate_limit > (0)::double precision)),
     CONSTRAINT destinations_timeout_ms_check CHECK ((timeout_ms > 0)),
@@ -47,6 +48,7 @@ CREATE TABLE destinations (
 CREATE INDEX destinations_breaker_idx ON destinations (paused_until) WHERE (breaker <> 'closed'::breaker_state);
 CREATE INDEX destinations_capped_idx ON destinations (id) WHERE (max_in_flight IS NOT NULL);
 CREATE INDEX destinations_rate_limited_idx ON destinations (id) WHERE (rate_limit IS NOT NULL);
+CREATE INDEX destinations_tenant_idx ON destinations (tenant_id, id) WHERE (deleted_at IS NULL);
 
 CREATE TABLE events (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -57,11 +59,13 @@ CREATE TABLE events (
     request_hash bytea,
     delivery_count integer NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    tenant_id bigint DEFAULT 1 NOT NULL,
     CONSTRAINT events_pkey PRIMARY KEY (id)
 );
 CREATE INDEX events_created_at_idx ON events USING brin (created_at);
 CREATE INDEX events_created_id_idx ON events (created_at, id);
-CREATE UNIQUE INDEX events_idempotency_key_idx ON events (idempotency_key) WHERE (idempotency_key IS NOT NULL);
+CREATE INDEX events_tenant_created_idx ON events (tenant_id, created_at, id);
+CREATE UNIQUE INDEX events_tenant_idempotency_idx ON events (tenant_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE INDEX events_type_created_idx ON events (type, created_at, id);
 
 CREATE TABLE deliveries (
@@ -78,6 +82,7 @@ CREATE TABLE deliveries (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     holds_slot boolean DEFAULT false NOT NULL,
     claim_token bigint,
+    tenant_id bigint NOT NULL,
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::delivery_status, 'in_flight'::delivery_status]))),
     CONSTRAINT deliveries_pkey PRIMARY KEY (id)
 );
@@ -107,6 +112,7 @@ CREATE TABLE finished_deliveries (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     completed_at timestamp with time zone DEFAULT now() NOT NULL,
+    tenant_id bigint NOT NULL,
     CONSTRAINT finished_deliveries_status_check CHECK ((status = ANY (ARRAY['delivered'::delivery_status, 'dead'::delivery_status]))),
     CONSTRAINT finished_deliveries_pkey PRIMARY KEY (id)
 );
@@ -116,6 +122,7 @@ CREATE INDEX finished_deliveries_dead_id_idx ON finished_deliveries (destination
 CREATE INDEX finished_deliveries_dead_idx ON finished_deliveries (destination_id, completed_at) WHERE (status = 'dead'::delivery_status);
 CREATE INDEX finished_deliveries_destination_idx ON finished_deliveries (destination_id, id);
 CREATE INDEX finished_deliveries_event_idx ON finished_deliveries (event_id);
+CREATE INDEX finished_deliveries_tenant_idx ON finished_deliveries (tenant_id, id);
 
 CREATE TABLE delivery_attempts (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -151,3 +158,46 @@ ALTER TABLE delivery_minutes SET (
 );
 CREATE INDEX delivery_minutes_destination_idx ON delivery_minutes (destination_id, minute);
 CREATE INDEX delivery_minutes_unfolded_idx ON delivery_minutes (minute) WHERE (writer <> 0);
+
+CREATE TABLE tenants (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    uid text NOT NULL,
+    name text,
+    metadata jsonb,
+    disabled boolean DEFAULT false NOT NULL,
+    max_in_flight integer,
+    in_flight integer DEFAULT 0 NOT NULL,
+    rate_limit double precision,
+    rate_next_send_at timestamp with time zone,
+    deleted_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT tenants_max_in_flight_check CHECK ((max_in_flight > 0)),
+    CONSTRAINT tenants_rate_limit_check CHECK ((rate_limit > (0)::double precision)),
+    CONSTRAINT tenants_uid_check CHECK ((uid ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
+    CONSTRAINT tenants_pkey PRIMARY KEY (id)
+);
+CREATE UNIQUE INDEX tenants_uid_idx ON tenants (uid) WHERE (deleted_at IS NULL);
+
+CREATE TABLE api_keys (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    tenant_id bigint NOT NULL,
+    name text NOT NULL,
+    prefix text NOT NULL,
+    key_hash bytea NOT NULL,
+    scopes text[] NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_used_at timestamp with time zone,
+    revoked_at timestamp with time zone,
+    CONSTRAINT api_keys_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES tenants(id),
+    CONSTRAINT api_keys_pkey PRIMARY KEY (id),
+    CONSTRAINT api_keys_key_hash_key UNIQUE (key_hash)
+);
+CREATE INDEX api_keys_tenant_idx ON api_keys (tenant_id, id);
+
+CREATE TABLE auth_generation (
+    only_row boolean DEFAULT true NOT NULL,
+    generation bigint NOT NULL,
+    CONSTRAINT auth_generation_only_row_check CHECK (only_row),
+    CONSTRAINT auth_generation_pkey PRIMARY KEY (only_row)
+);

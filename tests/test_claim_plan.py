@@ -66,10 +66,10 @@ def fill(conn: psycopg.Connection) -> None:
         conn.execute("SET LOCAL session_replication_role = replica")
         conn.execute(
             "INSERT INTO finished_deliveries (id, event_id, destination_id, status, attempt,"
-            "                                 next_attempt_at, created_at, completed_at)"
+            "                                 next_attempt_at, created_at, completed_at, tenant_id)"
             " SELECT g, g, 1 + g %% %s,"
             "        CASE WHEN g %% 100 = 0 THEN 'dead' ELSE 'delivered' END::delivery_status,"
-            "        1, t, t, t + interval '1 s'"
+            "        1, t, t, t + interval '1 s', 1"
             " FROM generate_series(1, %s) g,"
             "      LATERAL (SELECT now() - interval '2 days' + g * interval '100 ms' AS t) ts",
             (DESTINATIONS, FINISHED),
@@ -77,9 +77,10 @@ def fill(conn: psycopg.Connection) -> None:
         conn.execute("SET LOCAL session_replication_role = origin")
         conn.execute("SELECT setval('delivery_id_seq', %s)", (FINISHED,))
         conn.execute(
-            "INSERT INTO deliveries (event_id, destination_id, attempt, next_attempt_at)"
+            "INSERT INTO deliveries (event_id, destination_id, attempt, next_attempt_at,"
+            "                        tenant_id)"
             " SELECT %s + g, 1 + g %% %s, CASE WHEN g %% 4 = 0 THEN 2 ELSE 0 END,"
-            "        now() - interval '10 minutes' + g * interval '100 ms'"
+            "        now() - interval '10 minutes' + g * interval '100 ms', 1"
             " FROM generate_series(1, %s) g",
             (FINISHED, DESTINATIONS, PENDING),
         )
@@ -254,8 +255,8 @@ BURST = 20_000
 def add_burst(tx: psycopg.Connection) -> None:
     """20,000 more first attempts, due now (their events exist already)."""
     tx.execute(
-        "INSERT INTO deliveries (event_id, destination_id)"
-        " SELECT g, 1 + g %% %s FROM generate_series(1, %s) g",
+        "INSERT INTO deliveries (event_id, destination_id, tenant_id)"
+        " SELECT g, 1 + g %% %s, 1 FROM generate_series(1, %s) g",
         (DESTINATIONS, BURST),
     )
 
@@ -486,8 +487,8 @@ def test_locking_capped_destinations_stops_probing_once_it_has_enough(
         " SELECT 'http://127.0.0.1:9/more/' || g, 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw'"
         " FROM generate_series(1, %s) g", (many - DESTINATIONS,))
     tx.execute("UPDATE destinations SET max_in_flight = 5")
-    tx.execute("INSERT INTO deliveries (event_id, destination_id)"
-               " SELECT id, id FROM destinations")
+    tx.execute("INSERT INTO deliveries (event_id, destination_id, tenant_id)"
+               " SELECT id, id, tenant_id FROM destinations")
     tx.execute("ANALYZE destinations, deliveries")
     explained = explain(tx, mode, queries.LOCK_CAPPED_DESTINATIONS, "int, int",
                         list(LOCK_CAPPED))

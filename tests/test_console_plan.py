@@ -71,10 +71,10 @@ def fill(conn: psycopg.Connection) -> None:
         conn.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), %s)", (total,))
         conn.execute(
             "INSERT INTO finished_deliveries (id, event_id, destination_id, status, attempt,"
-            "                                 next_attempt_at, created_at, completed_at)"
+            "                                 next_attempt_at, created_at, completed_at, tenant_id)"
             " SELECT g, g, 1 + g %% %s,"
             "        CASE WHEN g %% 100 = 0 THEN 'dead' ELSE 'delivered' END::delivery_status,"
-            "        1, t, t, t + interval '50 ms'"
+            "        1, t, t, t + interval '50 ms', 1"
             " FROM generate_series(1, %s) g,"
             f"      LATERAL (SELECT now() - %s * interval '{STEP}' + g * interval '{STEP}' AS t)"
             " ts", (DESTINATIONS, FINISHED, total))
@@ -90,9 +90,9 @@ def fill(conn: psycopg.Connection) -> None:
         conn.execute("SELECT setval('delivery_id_seq', %s)", (FINISHED,))
         conn.execute(
             "INSERT INTO deliveries (event_id, destination_id, attempt, next_attempt_at,"
-            "                        created_at)"
+            "                        created_at, tenant_id)"
             " SELECT %s + g, 1 + g %% %s, CASE WHEN g %% 4 = 0 THEN 1 ELSE 0 END,"
-            "        now() + interval '1 minute', now()"
+            "        now() + interval '1 minute', now(), 1"
             " FROM generate_series(1, %s) g", (FINISHED, DESTINATIONS, PENDING))
         conn.execute(
             "INSERT INTO delivery_attempts (delivery_id, destination_id, attempt, started_at,"

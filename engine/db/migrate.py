@@ -2,6 +2,13 @@
 
 Many hosts may start at once, so the whole run holds a session advisory lock; each file
 applies in its own transaction together with its row in `schema_migrations`.
+
+A file whose first line is `-- engine: no transaction` (CREATE INDEX CONCURRENTLY, which a
+transaction cannot hold) runs statement by statement in autocommit, then is recorded; it
+must be safe to run again from the start (schema/017_tenant_indexes.sql).
+
+A migration that gives up waiting for a lock (its own `lock_timeout`: it must not queue
+the running engine's queries behind a long transaction) is tried again, a few times.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+import psycopg.errors
 
 from engine.db import queries
 from engine.db.sql_params import LockKeyParams, MigrationsRecordParams
@@ -24,6 +32,9 @@ _FILE_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 # schema/current.sql is the generated picture of the result (engine/db/schema_dump.py), not a
 # step: it is never applied.
 _NOT_A_MIGRATION = "current.sql"
+NO_TRANSACTION = "-- engine: no transaction"
+LOCK_ATTEMPTS = 5
+LOCK_RETRY_S = 0.05
 
 
 class SchemaTooNew(RuntimeError):
@@ -62,7 +73,8 @@ def migrate(
     applied_now: list[str] = []
     lock = LockKeyParams(lock_key=MIGRATION_LOCK_KEY)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        queries.MIGRATIONS_LOCK.run_sync(conn, lock)
+        while not queries.MIGRATIONS_LOCK.run_sync(conn, lock).fetchone()[0]:  # type: ignore[index]
+            time.sleep(LOCK_RETRY_S)
         try:
             queries.MIGRATIONS_TABLE.run_sync(conn)
             row = queries.MIGRATIONS_CURRENT.run_sync(conn).fetchone()
@@ -77,17 +89,39 @@ def migrate(
                 if migration.version <= current:
                     continue
                 started = time.perf_counter()
-                with conn.transaction():
-                    conn.execute(migration.sql.encode())
-                    record = MigrationsRecordParams(
-                        version=migration.version, name=migration.name)
-                    queries.MIGRATIONS_RECORD.run_sync(conn, record)
+                _apply(conn, migration)
                 applied_now.append(migration.name)
                 if progress is not None:
                     progress(migration.name, time.perf_counter() - started)
         finally:
             queries.MIGRATIONS_UNLOCK.run_sync(conn, lock)
     return applied_now
+
+
+def _apply(conn: psycopg.Connection, migration: Migration) -> None:
+    record = MigrationsRecordParams(version=migration.version, name=migration.name)
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        try:
+            if migration.sql.startswith(NO_TRANSACTION):
+                for statement in _statements(migration.sql):
+                    conn.execute(statement.encode())
+                queries.MIGRATIONS_RECORD.run_sync(conn, record)
+            else:
+                with conn.transaction():
+                    conn.execute(migration.sql.encode())
+                    queries.MIGRATIONS_RECORD.run_sync(conn, record)
+            return
+        except psycopg.errors.LockNotAvailable:
+            if attempt == LOCK_ATTEMPTS:
+                raise
+            time.sleep(attempt)
+
+
+def _statements(sql: str) -> list[str]:
+    """A no-transaction file's statements: split at each `;` that ends a line (such a
+    file holds plain DDL, no function bodies)."""
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+    return [s.strip() for s in re.split(r";\s*$", "\n".join(lines), flags=re.M) if s.strip()]
 
 
 def schema_version(dsn: str) -> tuple[int, str | None]:

@@ -207,6 +207,7 @@ def enqueue_params(events: Sequence[EventIn]) -> EnqueueEventsParams:
         explicit=[e.destination_ids is not None for e in events],
         target_ord=target_ord,
         target_destination_id=target_dest,
+        tenant_ids=[e.tenant_id for e in events],
     )
 
 

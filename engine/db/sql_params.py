@@ -71,6 +71,7 @@ class EnqueueEventsParams(NamedTuple):
     explicit: list[bool]
     target_ord: list[int]
     target_destination_id: list[int]
+    tenant_ids: list[int]
 
 
 class DeliveryIdParams(NamedTuple):
@@ -90,6 +91,7 @@ class DestinationIdsParams(NamedTuple):
 
 
 class AcceptFindKeysParams(NamedTuple):
+    tenant_ids: list[int]
     idempotency_keys: list[str]
 
 

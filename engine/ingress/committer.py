@@ -285,14 +285,17 @@ class Committer:
             # and the insert simply gets no delivery (the insert skips deleted ones).
             cursor = await queries.ACCEPT_FIND_DESTINATIONS.run(
                 conn, DestinationIdsParams(destination_ids=list(listed)))
-            found = {row[0] for row in await cursor.fetchall()}
+            # A destination of another tenant is "unknown" to this one: the answer must not
+            # tell it apart from one that does not exist.
+            found = {(row[1], row[0]) for row in await cursor.fetchall()}
             for submission in batch:
                 unknown = sorted(
-                    {d for e in submission.events for d in e.destination_ids or ()} - found
+                    {(e.tenant_id, d) for e in submission.events for d in e.destination_ids or ()}
+                    - found
                 )
                 if unknown:
                     answers[submission] = errors.invalid(
-                        f"destination_ids: unknown or deleted destination {unknown[0]}"
+                        f"destination_ids: unknown or deleted destination {unknown[0][1]}"
                     )
         remaining = [s for s in batch if s not in answers]
         # The insert is one statement, hence atomic and durable on its own: in autocommit
@@ -329,16 +332,16 @@ class Committer:
         delivery was created."""
         events = [e for s in batch for e in s.events]
         rows = await queue_async.enqueue_events(conn, events)
-        repeated = {
-            e.idempotency_key for e, (event_id, _) in zip(events, rows, strict=True)
-            if event_id is None
-        }
-        first_answers: dict[str, tuple[int, int, bytes]] = {}
+        repeated = sorted({
+            (e.tenant_id, e.idempotency_key or "")
+            for e, (event_id, _) in zip(events, rows, strict=True) if event_id is None
+        })
+        first_answers: dict[tuple[int, str], tuple[int, int, bytes]] = {}
         if repeated:
-            cursor = await queries.ACCEPT_FIND_KEYS.run(
-                conn, AcceptFindKeysParams(idempotency_keys=list(repeated)))
-            for key, event_id, count, request_hash in await cursor.fetchall():
-                first_answers[key] = (event_id, count, bytes(request_hash or b""))
+            cursor = await queries.ACCEPT_FIND_KEYS.run(conn, AcceptFindKeysParams(
+                tenant_ids=[t for t, _ in repeated], idempotency_keys=[k for _, k in repeated]))
+            for tenant_id, key, event_id, count, request_hash in await cursor.fetchall():
+                first_answers[(tenant_id, key)] = (event_id, count, bytes(request_hash or b""))
         results: dict[Submission, list[EventAccepted]] = {}
         conflicts: dict[Submission, ApiError] = {}
         position = 0
@@ -348,7 +351,7 @@ class Committer:
                 event_id, count = rows[position]
                 position += 1
                 if event_id is None:
-                    first = first_answers.get(event.idempotency_key or "")
+                    first = first_answers.get((event.tenant_id, event.idempotency_key or ""))
                     if first is None or first[2] != event.request_hash:
                         conflicts[submission] = errors.conflict(
                             f"Idempotency-Key {event.idempotency_key!r} was already used"

@@ -20,7 +20,7 @@ from engine.db.migrate import migrate
 from engine.testing.pgserver import throwaway_server
 
 TABLES = ("delivery_attempts", "finished_deliveries", "deliveries", "events", "destinations",
-          "delivery_minutes")
+          "delivery_minutes", "api_keys", "tenants")
 
 
 @contextmanager
@@ -90,6 +90,7 @@ def truncate_all(conn: psycopg.Connection) -> None:
         "TRUNCATE " + ", ".join(TABLES) + " RESTART IDENTITY CASCADE"
     )
     conn.execute("ALTER SEQUENCE delivery_id_seq RESTART")
+    conn.execute("INSERT INTO tenants (uid, name) VALUES ('default', 'default')")
 
 
 def stop_autovacuum(conn: psycopg.Connection) -> None:

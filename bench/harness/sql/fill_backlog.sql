@@ -10,5 +10,5 @@ WITH missing AS (
     SELECT 'order.created', $3, 1 FROM missing, generate_series(1, missing.n)
     RETURNING id
 )
-INSERT INTO deliveries (event_id, destination_id)
-SELECT id, ($2::bigint[])[1 + id % cardinality($2::bigint[])] FROM new_events
+INSERT INTO deliveries (event_id, destination_id, tenant_id)
+SELECT id, ($2::bigint[])[1 + id % cardinality($2::bigint[])], 1 FROM new_events

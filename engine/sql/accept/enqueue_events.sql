@@ -3,6 +3,10 @@
 --   $5 request_hashes bytea[], $6 explicit bool[] (true: targets listed in $7/$8, false:
 --   fan out to every active destination subscribed to the type)
 --   $7 target_ord int[] (1-based event position), $8 target_destination_id bigint[]
+--   $9 tenant_ids bigint[]: each event's tenant. An event reaches only its own tenant's
+--      destinations, by fan-out or listed (the committer refuses a listed destination of
+--      another tenant before this runs; one deleted or moved since is skipped here).
+--      Its deliveries carry the tenant, for the claim's fair share (claim_batch.sql).
 -- Returns one row per event position: its id and delivery count, or a NULL id when its
 -- idempotency key already exists (the caller then reads the first answer).
 -- Ids are drawn up front so deliveries can refer to their event without relying on the
@@ -10,9 +14,10 @@
 -- here ran once per event, each a catalog lookup (a tenth of a 1000-event batch).
 WITH incoming AS (
     SELECT nextval('events_id_seq'::regclass) AS id, e.*
-      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bool[])
+      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bool[],
+                  $9::bigint[])
            WITH ORDINALITY AS e(type, payload, ordering_key, idempotency_key, request_hash,
-                                explicit, ord)
+                                explicit, tenant_id, ord)
 ), listed AS (
     SELECT DISTINCT t.ord, t.destination_id
       FROM unnest($7::int[], $8::bigint[]) AS t(ord, destination_id)
@@ -20,24 +25,27 @@ WITH incoming AS (
     -- The events that fan out, narrow: the join below may rescan them once per destination,
     -- and `incoming` holds the payloads (5,000 of 1 KB spill past a stock work_mem: a
     -- rescan per destination read 600,000 temporary blocks, 1.3 s of a batch).
-    SELECT id, ord, type, ordering_key FROM incoming WHERE NOT explicit
+    SELECT id, ord, type, ordering_key, tenant_id FROM incoming WHERE NOT explicit
 ), target AS (
     -- Listed targets through `listed`, fan-out by each destination's filter: two joins, so
     -- an explicit event costs its listed destinations only. One join with a CASE of both
     -- tested every event against every destination (5,000 listed events x 1,000
     -- destinations: 6 s on PostgreSQL 15, most of a bench's start-up).
     SELECT i.id AS event_id, i.ord, dest.id AS destination_id,
-           CASE WHEN dest.ordered THEN coalesce(i.ordering_key, '') END AS ordering_key
+           CASE WHEN dest.ordered THEN coalesce(i.ordering_key, '') END AS ordering_key,
+           i.tenant_id
       FROM incoming i
       JOIN listed l ON l.ord = i.ord
       JOIN destinations dest ON dest.id = l.destination_id AND dest.deleted_at IS NULL
+                            AND dest.tenant_id = i.tenant_id
      WHERE i.explicit
     UNION ALL
     SELECT f.id, f.ord, dest.id,
-           CASE WHEN dest.ordered THEN coalesce(f.ordering_key, '') END
+           CASE WHEN dest.ordered THEN coalesce(f.ordering_key, '') END, f.tenant_id
       FROM fanned f
       JOIN destinations dest
-        ON dest.deleted_at IS NULL AND NOT dest.disabled
+        ON dest.tenant_id = f.tenant_id
+       AND dest.deleted_at IS NULL AND NOT dest.disabled
        AND (dest.event_types IS NULL OR f.type = ANY (dest.event_types))
 ), counted AS (
     -- Counted once, grouped: a count subquery per event would rescan `target` for every
@@ -45,18 +53,18 @@ WITH incoming AS (
     SELECT event_id, count(*) AS deliveries FROM target GROUP BY event_id
 ), inserted AS (
     INSERT INTO events (id, type, payload, ordering_key, idempotency_key, request_hash,
-                        delivery_count)
+                        delivery_count, tenant_id)
     OVERRIDING SYSTEM VALUE
     SELECT i.id, i.type, i.payload, i.ordering_key, i.idempotency_key, i.request_hash,
-           coalesce(c.deliveries, 0)
+           coalesce(c.deliveries, 0), i.tenant_id
       FROM incoming i
       LEFT JOIN counted c ON c.event_id = i.id
      ORDER BY i.ord
-        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
  RETURNING id, delivery_count
 ), fanned_out AS (
-    INSERT INTO deliveries (event_id, destination_id, ordering_key)
-    SELECT t.event_id, t.destination_id, t.ordering_key
+    INSERT INTO deliveries (event_id, destination_id, ordering_key, tenant_id)
+    SELECT t.event_id, t.destination_id, t.ordering_key, t.tenant_id
       FROM target t
       JOIN inserted ins ON ins.id = t.event_id
      ORDER BY t.event_id, t.destination_id

@@ -69,10 +69,10 @@ WITH result AS (
 ), archived AS (
     INSERT INTO finished_deliveries
            (id, event_id, destination_id, status, attempt, next_attempt_at,
-            ordering_key, last_error, created_at)
+            ordering_key, last_error, created_at, tenant_id)
     SELECT id, event_id, destination_id, outcome::delivery_status, attempt,
            next_attempt_at, ordering_key,
-           CASE WHEN outcome = 'dead' THEN left(error, 500) END, created_at
+           CASE WHEN outcome = 'dead' THEN left(error, 500) END, created_at, tenant_id
       FROM finished
 ), requeued AS (
     UPDATE deliveries d

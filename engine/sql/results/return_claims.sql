@@ -38,9 +38,9 @@ WITH lost AS (
 ), archived AS (
     INSERT INTO finished_deliveries
            (id, event_id, destination_id, status, attempt, next_attempt_at,
-            ordering_key, last_error, created_at)
+            ordering_key, last_error, created_at, tenant_id)
     SELECT id, event_id, destination_id, 'dead', attempt, next_attempt_at,
-           ordering_key, $3, created_at
+           ordering_key, $3, created_at, tenant_id
       FROM died
 ), slots_freed AS MATERIALIZED (
     SELECT f.destination_id, f.n, pg_advisory_xact_lock($6, (f.destination_id % 2147483648)::int)

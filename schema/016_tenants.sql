@@ -1,0 +1,106 @@
+-- Tenants (issue 39, docs/decisions/0026): every destination, event and delivery belongs
+-- to one tenant, the operator's customer. Data from before tenants belongs to `default`,
+-- tenant 1, the first row this migration writes.
+--
+-- Moving existing data into `default` writes no row: ADD COLUMN with a constant default
+-- is a change to the catalog only (PostgreSQL 11 and later keep the value for the rows
+-- that existed, however many), so it holds its ACCESS EXCLUSIVE lock for milliseconds on
+-- a table of any size. lock_timeout bounds the wait for that lock: behind a long
+-- transaction the migration fails fast and is retried (engine/db/migrate.py) instead of
+-- queueing every query of the running engine behind it. The indexes that would read the
+-- big tables are built without blocking writes in 017_tenant_indexes.sql.
+--
+-- destinations and events keep the default 1: a write through an unscoped path with the
+-- admin token means `default` (SPEC, "Tenants and API keys"). The queue tables drop it
+-- once the existing rows have it: a delivery takes its tenant from its event, always
+-- named, so a statement that forgot it fails instead of filing it under `default`.
+SET LOCAL lock_timeout = '2s';
+
+CREATE TABLE tenants (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    uid text NOT NULL CHECK (uid ~ '^[A-Za-z0-9._:-]{1,64}$'),
+    name text,
+    metadata jsonb,
+    disabled boolean NOT NULL DEFAULT false,
+    -- Tenant-wide limits, kept like a destination's (schema/006, schema/012): a slot
+    -- counter changed under the tenant's advisory lock, and the next send time.
+    max_in_flight integer CHECK (max_in_flight > 0),
+    in_flight integer NOT NULL DEFAULT 0,
+    rate_limit double precision CHECK (rate_limit > 0),
+    rate_next_send_at timestamptz,
+    deleted_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+-- A uid names one live tenant; a deleted tenant's uid may be given again.
+CREATE UNIQUE INDEX tenants_uid_idx ON tenants (uid) WHERE deleted_at IS NULL;
+INSERT INTO tenants (uid, name) VALUES ('default', 'default');
+
+-- API keys: only the SHA-256 of the key is kept (a key is 32 random bytes: a slow hash
+-- adds nothing against guessing). Ingress processes hold the live keys in memory and
+-- reload them when auth_generation moves (engine/ingress/keys.py).
+CREATE TABLE api_keys (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant_id bigint NOT NULL REFERENCES tenants (id),
+    name text NOT NULL,
+    prefix text NOT NULL,
+    key_hash bytea NOT NULL UNIQUE,
+    scopes text[] NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    last_used_at timestamptz,
+    revoked_at timestamptz
+);
+CREATE INDEX api_keys_tenant_idx ON api_keys (tenant_id, id);
+
+-- One row, one number: raised by every change that can take a key's access away or give
+-- it (a key created or revoked, a tenant deleted or disabled). Each ingress process reads
+-- it a few times a second and reloads its keys when it moved.
+CREATE TABLE auth_generation (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    generation bigint NOT NULL
+);
+INSERT INTO auth_generation (generation) VALUES (1);
+
+ALTER TABLE destinations ADD COLUMN tenant_id bigint NOT NULL DEFAULT 1;
+ALTER TABLE events ADD COLUMN tenant_id bigint NOT NULL DEFAULT 1;
+ALTER TABLE deliveries ADD COLUMN tenant_id bigint NOT NULL DEFAULT 1;
+ALTER TABLE deliveries ALTER COLUMN tenant_id DROP DEFAULT;
+ALTER TABLE finished_deliveries ADD COLUMN tenant_id bigint NOT NULL DEFAULT 1;
+ALTER TABLE finished_deliveries ALTER COLUMN tenant_id DROP DEFAULT;
+
+-- destinations is small (one row per endpoint): built here.
+CREATE INDEX destinations_tenant_idx ON destinations (tenant_id, id) WHERE deleted_at IS NULL;
+
+-- The views and the function of schema/014 and 015, with the tenant.
+CREATE OR REPLACE VIEW delivery_rows AS
+SELECT id, event_id, destination_id, status::text AS status, attempt, next_attempt_at,
+       last_error, created_at, NULL::timestamptz AS completed_at, tenant_id
+  FROM deliveries
+ UNION ALL
+SELECT id, event_id, destination_id, status::text, attempt, next_attempt_at, last_error,
+       created_at, completed_at, tenant_id
+  FROM finished_deliveries;
+
+CREATE OR REPLACE VIEW claimable_deliveries AS
+SELECT d.id, d.destination_id, d.attempt, d.next_attempt_at, d.tenant_id
+  FROM deliveries d
+ WHERE d.status = 'pending'
+   AND (d.ordering_key IS NULL OR NOT EXISTS (
+         SELECT 1 FROM deliveries e
+          WHERE e.destination_id = d.destination_id
+            AND e.ordering_key = d.ordering_key
+            AND e.id < d.id));
+
+CREATE OR REPLACE FUNCTION requeue_finished(ids bigint[]) RETURNS SETOF bigint
+LANGUAGE sql AS $$
+WITH moved AS (
+    DELETE FROM finished_deliveries WHERE id = ANY (ids) RETURNING *
+)
+INSERT INTO deliveries
+       (id, event_id, destination_id, status, attempt, next_attempt_at, ordering_key,
+        last_error, created_at, tenant_id)
+SELECT id, event_id, destination_id, 'pending', 0, now(), ordering_key, last_error,
+       created_at, tenant_id
+  FROM moved
+RETURNING id
+$$;
