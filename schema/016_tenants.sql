@@ -104,3 +104,35 @@ SELECT id, event_id, destination_id, 'pending', 0, now(), ordering_key, last_err
   FROM moved
 RETURNING id
 $$;
+
+-- Operational events (schema/008) stay within the tenant of the destination they are
+-- about: its subscribers only, and the event and its deliveries are that tenant's.
+CREATE OR REPLACE FUNCTION enqueue_operational_event(event_type text, about bigint,
+                                                     payload text)
+RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    new_event_id bigint;
+BEGIN
+    WITH owner AS (
+        SELECT tenant_id FROM destinations WHERE id = about
+    ), targets AS (
+        SELECT sub.id, CASE WHEN sub.ordered THEN '' END AS ordering_key, sub.tenant_id
+          FROM destinations sub
+         WHERE sub.tenant_id = (SELECT tenant_id FROM owner)
+           AND event_type = ANY (sub.event_types) AND sub.id <> about
+           AND NOT sub.disabled AND sub.deleted_at IS NULL
+    ), event AS (
+        INSERT INTO events (type, payload, delivery_count, tenant_id)
+        SELECT event_type, payload, count(*), (SELECT tenant_id FROM owner)
+          FROM targets HAVING count(*) > 0
+        RETURNING id, tenant_id
+    ), fanned_out AS (
+        INSERT INTO deliveries (event_id, destination_id, ordering_key, tenant_id)
+        SELECT event.id, targets.id, targets.ordering_key, event.tenant_id
+          FROM event, targets
+         ORDER BY targets.id
+    )
+    SELECT id INTO new_event_id FROM event;
+    RETURN new_event_id;
+END
+$$;

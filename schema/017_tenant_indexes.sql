@@ -6,15 +6,29 @@
 -- build cut short leaves an invalid index behind, so each is dropped first: the file is
 -- only run again when it was not recorded as applied.
 --
+-- Each new index replaces one that read across tenants, dropped once its successor is
+-- built, so a write maintains as many indexes as before:
 -- finished_deliveries_tenant_idx: a tenant's deliveries newest first (GET deliveries).
--- events_tenant_created_idx: a tenant's events newest first (GET events).
+-- finished_deliveries_tenant_dead_idx: a tenant's dead deliveries newest first (replaces
+--   finished_deliveries_dead_all_idx).
+-- events_tenant_created_idx: a tenant's events newest first (replaces events_created_id_idx).
+-- events_tenant_type_created_idx: a tenant's events of one type newest first (replaces
+--   events_type_created_idx).
 -- events_tenant_idempotency_idx: an Idempotency-Key is one tenant's: another tenant using
--- the same key is another request, and must not learn the key exists (409). It replaces
--- events_idempotency_key_idx, dropped once it is built.
+--   the same key is another request, and must not learn the key exists (409). Replaces
+--   events_idempotency_key_idx.
 DROP INDEX CONCURRENTLY IF EXISTS finished_deliveries_tenant_idx;
 CREATE INDEX CONCURRENTLY finished_deliveries_tenant_idx ON finished_deliveries (tenant_id, id);
+DROP INDEX CONCURRENTLY IF EXISTS finished_deliveries_tenant_dead_idx;
+CREATE INDEX CONCURRENTLY finished_deliveries_tenant_dead_idx ON finished_deliveries (tenant_id, id)
+    WHERE status = 'dead';
+DROP INDEX CONCURRENTLY IF EXISTS finished_deliveries_dead_all_idx;
 DROP INDEX CONCURRENTLY IF EXISTS events_tenant_created_idx;
 CREATE INDEX CONCURRENTLY events_tenant_created_idx ON events (tenant_id, created_at, id);
+DROP INDEX CONCURRENTLY IF EXISTS events_created_id_idx;
+DROP INDEX CONCURRENTLY IF EXISTS events_tenant_type_created_idx;
+CREATE INDEX CONCURRENTLY events_tenant_type_created_idx ON events (tenant_id, type, created_at, id);
+DROP INDEX CONCURRENTLY IF EXISTS events_type_created_idx;
 DROP INDEX CONCURRENTLY IF EXISTS events_tenant_idempotency_idx;
 CREATE UNIQUE INDEX CONCURRENTLY events_tenant_idempotency_idx ON events (tenant_id, idempotency_key)
     WHERE idempotency_key IS NOT NULL;

@@ -63,10 +63,9 @@ CREATE TABLE events (
     CONSTRAINT events_pkey PRIMARY KEY (id)
 );
 CREATE INDEX events_created_at_idx ON events USING brin (created_at);
-CREATE INDEX events_created_id_idx ON events (created_at, id);
 CREATE INDEX events_tenant_created_idx ON events (tenant_id, created_at, id);
 CREATE UNIQUE INDEX events_tenant_idempotency_idx ON events (tenant_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
-CREATE INDEX events_type_created_idx ON events (type, created_at, id);
+CREATE INDEX events_tenant_type_created_idx ON events (tenant_id, type, created_at, id);
 
 CREATE TABLE deliveries (
     id bigint DEFAULT nextval('delivery_id_seq'::regclass) NOT NULL,
@@ -117,11 +116,11 @@ CREATE TABLE finished_deliveries (
     CONSTRAINT finished_deliveries_pkey PRIMARY KEY (id)
 );
 CREATE INDEX finished_deliveries_completed_idx ON finished_deliveries USING brin (completed_at);
-CREATE INDEX finished_deliveries_dead_all_idx ON finished_deliveries (id) WHERE (status = 'dead'::delivery_status);
 CREATE INDEX finished_deliveries_dead_id_idx ON finished_deliveries (destination_id, id) WHERE (status = 'dead'::delivery_status);
 CREATE INDEX finished_deliveries_dead_idx ON finished_deliveries (destination_id, completed_at) WHERE (status = 'dead'::delivery_status);
 CREATE INDEX finished_deliveries_destination_idx ON finished_deliveries (destination_id, id);
 CREATE INDEX finished_deliveries_event_idx ON finished_deliveries (event_id);
+CREATE INDEX finished_deliveries_tenant_dead_idx ON finished_deliveries (tenant_id, id) WHERE (status = 'dead'::delivery_status);
 CREATE INDEX finished_deliveries_tenant_idx ON finished_deliveries (tenant_id, id);
 
 CREATE TABLE delivery_attempts (

@@ -141,8 +141,8 @@ def type_walk(mode: str) -> str:
     generic plan does not know it and must walk the type's own index (console_events.sql
     and console_deliveries_by_event.sql are written so that it can)."""
     if mode == "force_generic_plan":
-        return "events_type_created_idx"
-    return "events_type_created_idx|events_created_id_idx"
+        return "events_tenant_type_created_idx"
+    return "events_tenant_type_created_idx|events_tenant_created_idx"
 
 
 def middle_cursor(tx: psycopg.Connection, table: str) -> int:
@@ -159,15 +159,16 @@ def test_events_pages_walk_their_index(
     cursor = middle_cursor(tx, "events")
     since, until = at(tx, 600), at(tx, 300)
     cases = [
-        ("events_first_page", [None, None, None, 100, None], {"events_created_id_idx"}),
-        ("events_deep_page", [None, None, cursor, 100, None],
-         {"events_created_id_idx", "events_pkey"}),
-        ("events_time_range", [since, until, None, 100, None], {"events_created_id_idx"}),
-        ("events_of_a_type", [None, None, cursor, 100, "type.7"], {type_walk(mode)}),
+        ("events_first_page", [None, None, None, 100, None, 1], {"events_tenant_created_idx"}),
+        ("events_deep_page", [None, None, cursor, 100, None, 1],
+         {"events_tenant_created_idx", "events_pkey"}),
+        ("events_time_range", [since, until, None, 100, None, 1],
+         {"events_tenant_created_idx"}),
+        ("events_of_a_type", [None, None, cursor, 100, "type.7", 1], {type_walk(mode)}),
     ]
     for what, params, uses in cases:
         explained = explain(tx, mode, queries.CONSOLE_EVENTS,
-                            "timestamptz, timestamptz, bigint, int, text", params)
+                            "timestamptz, timestamptz, bigint, int, text, bigint", params)
         assert explained["Plan"]["Actual Rows"] == 100, what
         check(explained, uses, record_property, what, mode)
 
@@ -177,14 +178,14 @@ def test_deliveries_by_event_type_and_time_walk_the_events_indexes(
     tx: psycopg.Connection, mode: str, record_property: Any
 ) -> None:
     cursor = middle_cursor(tx, "finished_deliveries")
-    types = "text, timestamptz, timestamptz, text, bigint, bigint, int"
+    types = "text, timestamptz, timestamptz, text, bigint, bigint, int, bigint"
     cases = [
-        ("deliveries_of_a_type", ["type.3", None, None, None, None, None, 100],
+        ("deliveries_of_a_type", ["type.3", None, None, None, None, None, 100, 1],
          {type_walk(mode)}, 100),
-        ("deliveries_of_a_type_deep_dead", ["type.0", None, None, "dead", 1, cursor, 50],
+        ("deliveries_of_a_type_deep_dead", ["type.0", None, None, "dead", 1, cursor, 50, 1],
          {type_walk(mode)}, 50),
-        ("deliveries_in_a_time_range", [None, at(tx, 120), at(tx, 60), None, 3, None, 100],
-         {"events_created_id_idx"}, 100),
+        ("deliveries_in_a_time_range", [None, at(tx, 120), at(tx, 60), None, 3, None, 100, 1],
+         {"events_tenant_created_idx"}, 100),
     ]
     for what, params, uses, rows in cases:
         explained = explain(tx, mode, queries.CONSOLE_DELIVERIES_BY_EVENT, types, params)
@@ -199,17 +200,17 @@ def test_dead_deliveries_and_depth_read_only_dead_rows(
 ) -> None:
     cursor = middle_cursor(tx, "finished_deliveries")
     cases = [
-        ("dead_of_a_destination", [1, cursor, 50],
-         "finished_deliveries_dead_id_idx|finished_deliveries_dead_all_idx"),
-        ("dead_of_all", [None, None, 50], "finished_deliveries_dead_all_idx"),
+        ("dead_of_a_destination", [1, cursor, 50, 1],
+         "finished_deliveries_dead_id_idx|finished_deliveries_tenant_dead_idx"),
+        ("dead_of_all", [None, None, 50, 1], "finished_deliveries_tenant_dead_idx"),
     ]
     for what, params, index in cases:
-        explained = explain(tx, mode, queries.CONSOLE_DEAD_DELIVERIES, "bigint, bigint, int",
-                            params)
+        explained = explain(tx, mode, queries.CONSOLE_DEAD_DELIVERIES,
+                            "bigint, bigint, int, bigint", params)
         assert explained["Plan"]["Actual Rows"] == 50, what
         check(explained, {index}, record_property, what, mode)
     explained = explain_plain(tx, queries.STATUS_QUEUE)
-    check(explained, {"finished_deliveries_dead_idx|finished_deliveries_dead_all_idx"},
+    check(explained, {"finished_deliveries_dead_idx|finished_deliveries_tenant_dead_idx"},
           record_property, "status_queue", mode)
 
 

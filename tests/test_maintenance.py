@@ -20,7 +20,7 @@ import pytest
 
 from engine.db import queries, queue_async
 from engine.db.queue import EventIn, Result
-from engine.db.sql_params import DeliveryIdParams, RetentionBatchParams
+from engine.db.sql_params import RetentionBatchParams, TenantDeliveryParams
 from engine.maintenance.retention import cutoff_for, run_retention
 from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now, statuses
@@ -132,7 +132,8 @@ def test_retention_interleaved_with_moves_keeps_every_delivery_event(
         # committed, retention sees their old rows and keeps both events.
         with mover.transaction():
             assert queries.REPLAY_DELIVERY.run_sync(
-                mover, DeliveryIdParams(delivery_id=claims[replayed].id)).fetchone()
+                mover, TenantDeliveryParams(delivery_id=claims[replayed].id, tenant_id=1),
+            ).fetchone()
             delivered = Result(claims[completed].id, 1, "delivered", t, 3, 200)
             row = queries.RECORD_RESULTS.run_sync(
                 mover, queue_async.record_params("w", [delivered])).fetchone()

@@ -30,12 +30,12 @@ from engine.db.queries import Statement
 from engine.db.sql_params import (
     BreakerDeferParams,
     ClaimBatchParams,
-    DeliveryIdParams,
     LockCappedDestinationsParams,
     RefillSlotsParams,
     ReplayDeadParams,
     RetentionBatchParams,
     ReturnClaimsParams,
+    TenantDeliveryParams,
 )
 from engine.observe.oplog import Outage
 from engine.observe.status import collect_status
@@ -141,7 +141,8 @@ def hot_statements(data: dict[str, Any]) -> list[tuple[str, Statement, Sequence[
         ("replay_dead", queries.REPLAY_DEAD, ReplayDeadParams(
             destination_id=data["destinations"][0], since=None, until=cutoff,
             batch_limit=100)),
-        ("replay_delivery", queries.REPLAY_DELIVERY, DeliveryIdParams(delivery_id=claims[0].id)),
+        ("replay_delivery", queries.REPLAY_DELIVERY,
+         TenantDeliveryParams(delivery_id=claims[0].id, tenant_id=1)),
         ("metrics_gauges", queries.METRICS_GAUGES, ()),
     ]
 

@@ -78,12 +78,12 @@ def test_each_header_names_the_parameters_in_the_order_their_type_binds_them(
 def test_a_statement_refuses_parameters_not_of_its_type() -> None:
     # A bare tuple (or another statement's type) would bind by position unchecked.
     claim = Statement.__new__(Statement)
-    claim.name, claim.params, claim.sql = "x", sql_params.DeliveryIdParams, b""
-    assert claim._bound(sql_params.DeliveryIdParams(delivery_id=1)) == (1,)
+    claim.name, claim.params, claim.sql = "x", sql_params.TenantDeliveryParams, b""
+    assert claim._bound(sql_params.TenantDeliveryParams(delivery_id=1, tenant_id=2)) == (1, 2)
     with pytest.raises(TypeError):
         claim._bound((1,))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        claim._bound(sql_params.EventIdParams(event_id=1))  # type: ignore[arg-type]
+        claim._bound(sql_params.TenantEventParams(event_id=1, tenant_id=2))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         queries.DATABASE_NOW._bound((1,))  # type: ignore[arg-type]
 

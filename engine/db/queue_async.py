@@ -24,7 +24,6 @@ from engine.db.queue import (
 )
 from engine.db.sql_params import (
     ClaimBatchParams,
-    DeliveryIdParams,
     EnqueueEventsParams,
     LockCappedDestinationsParams,
     NotifyDeliveriesParams,
@@ -32,6 +31,7 @@ from engine.db.sql_params import (
     RefillSlotsParams,
     ReplayDeadParams,
     TakeRateTokensParams,
+    TenantDeliveryParams,
 )
 from engine.domain import OUTCOMES, BreakerSettings, Claim, EventIn, Result
 
@@ -227,11 +227,12 @@ def enqueued(rows: Sequence[Sequence[Any]]) -> list[tuple[int | None, int]]:
     return [(row[1], int(row[2]) if row[2] is not None else 0) for row in rows]
 
 
-async def replay_delivery(conn: AsyncConnection, delivery_id: int) -> bool:
-    """Put one delivery back as a first attempt; False if it is in flight or unknown."""
+async def replay_delivery(conn: AsyncConnection, tenant_id: int, delivery_id: int) -> bool:
+    """Put one of the tenant's deliveries back as a first attempt; False if it is in
+    flight or unknown (or another tenant's)."""
     async with conn.transaction():
         cursor = await queries.REPLAY_DELIVERY.run(
-            conn, DeliveryIdParams(delivery_id=delivery_id))
+            conn, TenantDeliveryParams(delivery_id=delivery_id, tenant_id=tenant_id))
         row = await cursor.fetchone()
     return row is not None
 

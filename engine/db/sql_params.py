@@ -74,16 +74,23 @@ class EnqueueEventsParams(NamedTuple):
     tenant_ids: list[int]
 
 
-class DeliveryIdParams(NamedTuple):
+class TenantParams(NamedTuple):
+    tenant_id: int
+
+
+class TenantDeliveryParams(NamedTuple):
     delivery_id: int
+    tenant_id: int
 
 
-class DestinationIdParams(NamedTuple):
+class TenantDestinationParams(NamedTuple):
     destination_id: int
+    tenant_id: int
 
 
-class EventIdParams(NamedTuple):
+class TenantEventParams(NamedTuple):
     event_id: int
+    tenant_id: int
 
 
 class DestinationIdsParams(NamedTuple):
@@ -177,6 +184,7 @@ class ConsoleEventsParams(NamedTuple):
     after_id: int | None
     limit: int
     event_type: str | None
+    tenant_id: int
 
 
 class ConsoleDeliveriesParams(NamedTuple):
@@ -187,12 +195,14 @@ class ConsoleDeliveriesParams(NamedTuple):
     destination_id: int | None
     after_id: int | None
     limit: int
+    tenant_id: int
 
 
 class ConsoleDeadDeliveriesParams(NamedTuple):
     destination_id: int | None
     before_id: int | None
     limit: int
+    tenant_id: int
 
 
 class DestinationStatsParams(NamedTuple):
@@ -211,6 +221,7 @@ class ApiDestinationCreateParams(NamedTuple):
     rate_limit: float | None
     headers: str | None  # a JSON object
     retry_schedule: list[float] | None
+    tenant_id: int
 
 
 class ApiDestinationPatchParams(NamedTuple):
@@ -233,6 +244,7 @@ class ApiDestinationPatchParams(NamedTuple):
     headers: str | None  # a JSON object
     set_retry_schedule: bool
     retry_schedule: list[float] | None
+    tenant_id: int
 
 
 class ApiDeliveriesListParams(NamedTuple):
@@ -241,6 +253,7 @@ class ApiDeliveriesListParams(NamedTuple):
     limit: int
     scan_deliveries: bool
     scan_finished_deliveries: bool
+    tenant_id: int
 
 
 class ApiDestinationDeliveriesListParams(NamedTuple):
@@ -250,3 +263,59 @@ class ApiDestinationDeliveriesListParams(NamedTuple):
     scan_deliveries: bool
     scan_finished_deliveries: bool
     destination_id: int
+    tenant_id: int
+
+
+# Tenants and API keys (engine/sql/tenants/) ---------------------------------------------
+
+
+class TenantCreateParams(NamedTuple):
+    uid: str
+    name: str | None
+    metadata: str | None  # a JSON object
+
+
+class TenantFindParams(NamedTuple):
+    tenant_reference: str
+    tenant_reference_id: int | None
+
+
+class TenantsListParams(NamedTuple):
+    after_id: int | None
+    limit: int
+
+
+class TenantPatchParams(NamedTuple):
+    tenant_id: int
+    set_name: bool
+    name: str | None
+    set_metadata: bool
+    metadata: str | None  # a JSON object
+    disabled: bool | None
+    set_max_in_flight: bool
+    max_in_flight: int | None
+    set_rate_limit: bool
+    rate_limit: float | None
+
+
+class TenantPurgePendingParams(NamedTuple):
+    tenant_id: int
+    batch_limit: int
+
+
+class KeyCreateParams(NamedTuple):
+    tenant_id: int
+    name: str
+    prefix: str
+    key_hash: bytes
+    scopes: list[str]
+
+
+class KeyRevokeParams(NamedTuple):
+    tenant_id: int
+    key_id: int
+
+
+class KeysMarkUsedParams(NamedTuple):
+    key_ids: list[int]
+    used_at: list[object]  # datetimes

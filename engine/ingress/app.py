@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
-import hmac
 import logging
+import re
 import time
 from typing import Any
 
@@ -21,6 +21,7 @@ import psycopg_pool
 
 from engine.config import Settings
 from engine.db import queries, queue_async
+from engine.db.sql_params import TenantFindParams
 from engine.domain import EventIn
 from engine.ingress import errors, store
 from engine.ingress import schemas as s
@@ -30,16 +31,20 @@ from engine.ingress.dbgate import DatabaseGate
 from engine.ingress.destinations_api import DestinationApi
 from engine.ingress.errors import ApiError
 from engine.ingress.http import (
+    DEFAULT_SCOPE,
     JSON_HEADERS,
     Handler,
     Request,
     Response,
+    TenantScope,
     encoder,
     int_param,
     json_response,
 )
+from engine.ingress.keys import ADMIN, Caller, KeyRing
 from engine.ingress.metrics import IngressMetrics
-from engine.ingress.openapi import OPERATIONS, Operation, build_document
+from engine.ingress.openapi import OPERATIONS, TENANT_PATH, Operation, build_document
+from engine.ingress.tenants_api import TenantApi
 from engine.observe import metrics as engine_metrics
 from engine.observe.operational_events import RESERVED_EVENT_PREFIX
 
@@ -48,6 +53,8 @@ log = logging.getLogger(__name__)
 # A batch carries up to 1000 events: its body may be this many times the per-request
 # limit, while each event's payload still keeps to the limit itself.
 BATCH_BODY_FACTOR = 32
+_TENANT_REFERENCE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_TENANTS_PREFIX = "/v1/tenants/"
 
 
 def request_hash(event_type: str, payload: bytes, destination_ids: list[int] | None,
@@ -58,9 +65,10 @@ def request_hash(event_type: str, payload: bytes, destination_ids: list[int] | N
     return hashlib.sha256(head + b"\n" + payload).digest()
 
 
-class IngressApp(DestinationApi, ConsoleApi):
-    """The ASGI callable. Opens its pool and committer on lifespan startup. The destination
-    handlers are in destinations_api.py, the console's page and reads in console/api.py."""
+class IngressApp(DestinationApi, ConsoleApi, TenantApi):
+    """The ASGI callable. Opens its pool, committer and key ring on lifespan startup. The
+    destination handlers are in destinations_api.py, the tenant and key handlers in
+    tenants_api.py, the console's page and reads in console/api.py."""
 
     def __init__(self, settings: Settings, dsn: str) -> None:
         self.settings = settings
@@ -68,13 +76,15 @@ class IngressApp(DestinationApi, ConsoleApi):
         self.token = settings.api_token.encode() if settings.api_token else None
         self.meters = IngressMetrics()
         self.gate = DatabaseGate(dsn)
+        self.keys = KeyRing(self.token, self._connection)
         self.committer: Committer | None = None
         self.openapi_document = encoder.encode(build_document(settings.max_timeout_ms))
-        # Fixed paths by dictionary lookup; only paths with an {id} need a regex.
+        # Fixed paths by dictionary lookup; only paths with an {id} need a regex. A path
+        # under /v1/tenants/{tenant}/ is routed as its operation's own path (_route).
         self.fixed_routes: dict[str, list[tuple[Operation, Handler]]] = {}
         self.id_routes: list[tuple[Operation, Handler]] = []
         for op in OPERATIONS:
-            if "{" in op.path:
+            if "{id}" in op.path:
                 self.id_routes.append((op, getattr(self, op.id)))
             else:
                 self.fixed_routes.setdefault(op.path, []).append((op, getattr(self, op.id)))
@@ -90,11 +100,14 @@ class IngressApp(DestinationApi, ConsoleApi):
         started = time.perf_counter()
         route = "unmatched"
         try:
-            operation, handler, path_id = self._route(scope)
+            operation, handler, path_id, tenant_reference = self._route(scope)
             route = operation.id
+            request = Request(scope, receive, path_id, self.settings.max_body_bytes)
             if operation.auth:
-                self._authorize(scope)
-            response = await handler(Request(scope, receive, path_id, self.settings.max_body_bytes))
+                caller = await self._caller(scope)
+                self._check_access(operation, caller)
+                request.tenant = await self._tenant_of(caller, tenant_reference)
+            response = await handler(request)
         except ApiError as exc:
             response = Response(exc.status, exc.body(), exc.headers or JSON_HEADERS)
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout):
@@ -114,9 +127,27 @@ class IngressApp(DestinationApi, ConsoleApi):
         await send({"type": "http.response.body", "body": response.body})
         self.meters.observe(route, response.status, time.perf_counter() - started)
 
-    def _route(self, scope: dict[str, Any]) -> tuple[Operation, Handler, int | None]:
+    def _route(
+        self, scope: dict[str, Any]
+    ) -> tuple[Operation, Handler, int | None, str | None]:
+        """The operation a request names, its {id}, and its {tenant} as given. A path under
+        /v1/tenants/{tenant}/ is a tenant's own route (keys, the tenant itself) or a
+        tenant-scoped operation's path after /v1."""
         path: str = scope["path"]
-        method: str = scope["method"]
+        if not path.startswith(_TENANTS_PREFIX):
+            return (*self._match(path, scope["method"]), None)
+        reference, _, rest = path.removeprefix(_TENANTS_PREFIX).partition("/")
+        if not _TENANT_REFERENCE.match(reference):
+            raise errors.not_found("path")
+        if rest == "" or rest == "keys" or rest.startswith("keys/"):
+            inner = TENANT_PATH + ("/" + rest if rest else "")
+            return (*self._match(inner, scope["method"]), reference)
+        operation, handler, path_id = self._match("/v1/" + rest, scope["method"])
+        if not operation.tenant_scoped:
+            raise errors.not_found("path")
+        return operation, handler, path_id, reference
+
+    def _match(self, path: str, method: str) -> tuple[Operation, Handler, int | None]:
         allowed: list[str] = []
         fixed = self.fixed_routes.get(path)
         if fixed is not None:
@@ -139,15 +170,51 @@ class IngressApp(DestinationApi, ConsoleApi):
             raise errors.method_not_allowed(method, allowed)
         raise errors.not_found("path")
 
-    def _authorize(self, scope: dict[str, Any]) -> None:
-        if self.token is None:
-            return
+    async def _caller(self, scope: dict[str, Any]) -> Caller:
+        """The admin token or a live tenant key (engine/ingress/keys.py), else 401. With no
+        ENGINE_API_TOKEN set every caller is the admin, but a key given is still its
+        tenant's."""
+        authorization = None
         for key, value in scope["headers"]:
             if key == b"authorization":
-                scheme, _, given = value.partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token):
-                    return
+                authorization = value
+        caller = await self.keys.caller(authorization)
+        if caller is not None:
+            return caller
+        if self.token is None and (authorization is None
+                                   or b" ek_" not in authorization):
+            return ADMIN
         raise errors.unauthorized()
+
+    @staticmethod
+    def _check_access(operation: Operation, caller: Caller) -> None:
+        if caller.admin:
+            return
+        if operation.access == "admin":
+            raise errors.forbidden("this route is the admin token's alone")
+        if caller.tenant_disabled:
+            raise errors.forbidden("the tenant is disabled")
+        if operation.access not in caller.scopes:
+            raise errors.forbidden(f"the key lacks the {operation.access!r} scope")
+
+    async def _tenant_of(self, caller: Caller, reference: str | None) -> TenantScope:
+        """The tenant a request acts for. A key reaches its own tenant only: any other
+        tenant in the path is 404, as if it did not exist."""
+        if caller.tenant is not None:
+            if reference is None or reference in (caller.tenant.uid, str(caller.tenant.id)):
+                return caller.tenant
+            raise errors.not_found("tenant")
+        if reference is None:
+            return DEFAULT_SCOPE
+        params = TenantFindParams(
+            tenant_reference=reference,
+            tenant_reference_id=int(reference) if reference.isdigit()
+            and len(reference) <= 18 else None)
+        async with self._connection() as conn:
+            row = await (await queries.TENANT_FIND.run(conn, params)).fetchone()
+        if row is None:
+            raise errors.not_found("tenant")
+        return TenantScope(row[0], row[1])
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -169,8 +236,10 @@ class IngressApp(DestinationApi, ConsoleApi):
         self.committer = Committer(self.dsn, gate=self.gate)
         self.committer.on_commit.append(self.meters.observe_commit)
         self.committer.start()
+        self.keys.start()
 
     async def shutdown(self) -> None:
+        await self.keys.stop()
         if self.committer is not None:
             await self.committer.stop()
         await self.gate.close()
@@ -181,7 +250,8 @@ class IngressApp(DestinationApi, ConsoleApi):
     # Events ----------------------------------------------------------------------------
 
     def _event_in(
-        self, event: s.EventCreate | s.BatchEventCreate, idempotency_key: str | None
+        self, tenant: TenantScope, event: s.EventCreate | s.BatchEventCreate,
+        idempotency_key: str | None,
     ) -> EventIn:
         if event.type.startswith(RESERVED_EVENT_PREFIX):
             raise errors.invalid(
@@ -197,6 +267,7 @@ class IngressApp(DestinationApi, ConsoleApi):
             request_hash=request_hash(
                 event.type, payload, event.destination_ids, event.ordering_key
             ) if idempotency_key is not None else None,
+            tenant_id=tenant.id,
         )
 
     async def _commit(self, events: list[EventIn]) -> list[s.EventAccepted]:
@@ -211,7 +282,7 @@ class IngressApp(DestinationApi, ConsoleApi):
             if not 1 <= len(key) <= 256:
                 raise errors.invalid("Idempotency-Key: must be 1 to 256 characters")
         body: s.EventCreate = await request.decode(s.EventCreate)
-        accepted = await self._commit([self._event_in(body, key)])
+        accepted = await self._commit([self._event_in(request.tenant, body, key)])
         return json_response(202, accepted[0])
 
     async def create_event_batch(self, request: Request) -> Response:
@@ -226,7 +297,8 @@ class IngressApp(DestinationApi, ConsoleApi):
             if len(event.payload) > limit:
                 raise ApiError(413, "payload_too_large",
                                f"events[{index}].payload is over {limit} bytes")
-        events = [self._event_in(event, event.idempotency_key) for event in body.events]
+        events = [self._event_in(request.tenant, event, event.idempotency_key)
+                  for event in body.events]
         return json_response(202, s.BatchAccepted(await self._commit(events)))
 
     async def read_event(self, request: Request) -> Response:
@@ -244,11 +316,12 @@ class IngressApp(DestinationApi, ConsoleApi):
         limit = int_param(params, "limit", 1, s.MAX_LIST_LIMIT) or s.DEFAULT_LIST_LIMIT
         before_id = cursor_param(params)
         # The console's filters (event type, time, dead ones) have statements of their own.
-        rows = await self.console_deliveries(params, destination_id, status, before_id, limit)
+        rows = await self.console_deliveries(
+            request.tenant, params, destination_id, status, before_id, limit)
         if rows is None:
             async with self._connection() as conn:
                 rows = await store.list_deliveries(
-                    conn, destination_id, status, before_id, limit
+                    conn, request.tenant, destination_id, status, before_id, limit
                 )
         next_cursor = str(rows[-1].id) if len(rows) == limit else None
         return json_response(200, s.DeliveryPage(rows, next_cursor))
@@ -259,8 +332,8 @@ class IngressApp(DestinationApi, ConsoleApi):
     async def replay_delivery(self, request: Request) -> Response:
         assert request.path_id is not None
         async with self._connection() as conn:
-            replayed = await queue_async.replay_delivery(conn, request.path_id)
-            delivery = await store.read_delivery_row(conn, request.path_id)
+            replayed = await queue_async.replay_delivery(conn, request.tenant.id, request.path_id)
+            delivery = await store.read_delivery_row(conn, request.tenant, request.path_id)
         if delivery is None:
             raise errors.not_found("delivery")
         if not replayed:

@@ -12,7 +12,7 @@ from msgspec import UNSET
 from engine.db import queue_async
 from engine.ingress import errors, store
 from engine.ingress import schemas as s
-from engine.ingress.http import Request, Response, json_response
+from engine.ingress.http import Request, Response, TenantScope, json_response
 from engine.webhooks.destination_options import (
     OptionError,
     check_headers,
@@ -38,13 +38,14 @@ class DestinationApi:
         raise NotImplementedError
 
     async def _read_by_path_id(
-        self, request: Request, read: Callable[[Any, int], Awaitable[Any]], what: str,
+        self, request: Request, read: Callable[[Any, TenantScope, int], Awaitable[Any]],
+        what: str,
     ) -> Response:
         """GET of one resource (a destination, an event, a delivery): `read` it by the
         path's id, 404 when it does not exist."""
         assert request.path_id is not None
         async with self._connection() as conn:
-            found = await read(conn, request.path_id)
+            found = await read(conn, request.tenant, request.path_id)
         if found is None:
             raise errors.not_found(what)
         return json_response(200, found)
@@ -99,15 +100,15 @@ class DestinationApi:
         options = self._check_options(body)
         async with self._connection() as conn:
             destination = await store.create_destination(
-                conn, url, secret, body.event_types, body.max_in_flight, body.ordered,
-                timeout_ms, options,
+                conn, request.tenant, url, secret, body.event_types, body.max_in_flight,
+                body.ordered, timeout_ms, options,
             )
         return json_response(201, destination)
 
     async def list_destinations(self, request: Request) -> Response:
         request.query(set())
         async with self._connection() as conn:
-            destinations = await store.list_destinations(conn)
+            destinations = await store.list_destinations(conn, request.tenant)
         return json_response(200, s.DestinationList(destinations))
 
     async def read_destination(self, request: Request) -> Response:
@@ -122,7 +123,7 @@ class DestinationApi:
         options = self._check_options(body)
         async with self._connection() as conn:
             destination = await store.patch_destination(
-                conn, request.path_id, url=url,
+                conn, request.tenant, request.path_id, url=url,
                 set_event_types=body.event_types is not UNSET,
                 event_types=None if body.event_types is UNSET else body.event_types,
                 set_max_in_flight=body.max_in_flight is not UNSET,
@@ -141,7 +142,7 @@ class DestinationApi:
     async def delete_destination(self, request: Request) -> Response:
         assert request.path_id is not None
         async with self._connection() as conn:
-            deleted = await store.delete_destination(conn, request.path_id)
+            deleted = await store.delete_destination(conn, request.tenant, request.path_id)
         if not deleted:
             raise errors.not_found("destination")
         return Response(204)
@@ -150,7 +151,7 @@ class DestinationApi:
         assert request.path_id is not None
         body: s.ReplayDead = await request.decode(s.ReplayDead)
         async with self._connection() as conn:
-            if await store.read_destination(conn, request.path_id) is None:
+            if await store.read_destination(conn, request.tenant, request.path_id) is None:
                 raise errors.not_found("destination")
             replayed = await queue_async.replay_dead(conn, request.path_id, body.since)
         return json_response(202, s.ReplayAccepted(replayed))

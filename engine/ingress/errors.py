@@ -34,6 +34,10 @@ def unauthorized() -> ApiError:
     )
 
 
+def forbidden(message: str) -> ApiError:
+    return ApiError(403, "forbidden", message)
+
+
 def not_found(what: str = "resource") -> ApiError:
     return ApiError(404, "not_found", f"{what} not found")
 

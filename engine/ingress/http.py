@@ -11,6 +11,7 @@ from urllib.parse import parse_qsl
 
 import msgspec
 
+from engine.domain import DEFAULT_TENANT_ID
 from engine.ingress import errors
 from engine.ingress.errors import ApiError
 
@@ -20,12 +21,28 @@ encoder = msgspec.json.Encoder()
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {}
 
 
+@dataclass(frozen=True)
+class TenantScope:
+    """The tenant a request acts for: named in its path (/v1/tenants/{tenant}/…), or its
+    key's tenant, or `default` for the admin token on an unscoped path. Every store
+    function takes it, and every statement binds its id."""
+
+    id: int
+    uid: str
+
+
+DEFAULT_SCOPE = TenantScope(DEFAULT_TENANT_ID, "default")
+
+
 @dataclass
 class Request:
     scope: dict[str, Any]
     receive: Callable[[], Awaitable[dict[str, Any]]]
     path_id: int | None
     max_body_bytes: int
+    tenant: TenantScope = DEFAULT_SCOPE
+    # The tenant path segment as given (an id or a uid), for the tenant routes themselves.
+    tenant_ref: str | None = None
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.scope["headers"]:

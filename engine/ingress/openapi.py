@@ -4,6 +4,7 @@ the document cannot drift from the server."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass, field
@@ -39,14 +40,30 @@ class Operation:
     auth: bool = True
     content_type: str = JSON
     tags: tuple[str, ...] = field(default=())
+    # What a tenant key needs for it: one of its scopes ("send", "read", "manage"), or
+    # "admin": the admin token's alone (SPEC, "Tenants and API keys").
+    access: str = "read"
+    # Also served under /v1/tenants/{tenant}/ (its path after /v1), for that tenant.
+    tenant_scoped: bool = False
 
     @functools.cached_property
     def pattern(self) -> re.Pattern[str]:
-        """The path as a regex: `{id}` matches a decimal integer."""
-        return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[0-9]{1,19})", self.path) + "$")
+        """The path as a regex: `{id}` matches a decimal integer; `{tenant}` is matched by
+        the router before (app.py), and stands for itself here."""
+        escaped = re.escape(self.path).replace(re.escape("{id}"), "(?P<id>[0-9]{1,19})")
+        return re.compile("^" + escaped + "$")
+
+    def for_tenant(self) -> Operation:
+        """The same operation under /v1/tenants/{tenant}/, as /openapi.json lists it."""
+        return dataclasses.replace(self, id="tenant_" + self.id,
+                                   path=TENANT_PATH + self.path.removeprefix("/v1"),
+                                   tenant_scoped=False)
 
 
+TENANT_PATH = "/v1/tenants/{tenant}"
 ID_SCHEMA = {"type": "integer", "minimum": 1, "maximum": s.MAX_ID}
+TENANT_SCHEMA = {"type": "string", "pattern": s.TENANT_UID_PATTERN,
+                 "description": "the tenant's id or uid"}
 _TEXT = {"type": "string", "minLength": 1, "maxLength": 256}
 _TIME = {"type": "string", "format": "date-time"}
 _WINDOW = {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?(ms|s|m|h|d)$"}
@@ -55,35 +72,45 @@ _LIMIT = {"type": "integer", "minimum": 1, "maximum": s.MAX_LIST_LIMIT,
 _CURSOR = {"type": "string", "pattern": "^[0-9]{1,19}$"}
 _BODY_ERRORS = (400, 413, 422)
 _DB = (503,)
+_ADMIN = (403,)
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation("create_destination", "POST", "/v1/destinations", "Create a destination",
-              201, s.Destination, s.DestinationCreate, errors=(*_BODY_ERRORS, *_DB)),
+              201, s.Destination, s.DestinationCreate, errors=(*_BODY_ERRORS, *_DB),
+              access="manage", tenant_scoped=True),
     Operation("list_destinations", "GET", "/v1/destinations", "List destinations (no secrets)",
-              200, s.DestinationList, errors=_DB),
+              200, s.DestinationList, errors=_DB,
+              tenant_scoped=True),
     Operation("read_destination", "GET", "/v1/destinations/{id}", "Read a destination",
-              200, s.Destination, errors=(404, *_DB)),
+              200, s.Destination, errors=(404, *_DB),
+              tenant_scoped=True),
     Operation("patch_destination", "PATCH", "/v1/destinations/{id}",
               "Change, pause, resume, disable a destination or rotate its secret",
-              200, s.Destination, s.DestinationPatch, errors=(404, *_BODY_ERRORS, *_DB)),
+              200, s.Destination, s.DestinationPatch, errors=(404, *_BODY_ERRORS, *_DB),
+              access="manage", tenant_scoped=True),
     Operation("delete_destination", "DELETE", "/v1/destinations/{id}",
               "Delete a destination (its deliveries are kept, no longer sent)",
-              204, None, errors=(404, *_DB)),
+              204, None, errors=(404, *_DB),
+              access="manage", tenant_scoped=True),
     Operation("replay_destination", "POST", "/v1/destinations/{id}/replay",
               "Replay the destination's dead deliveries (since a time)",
-              202, s.ReplayAccepted, s.ReplayDead, errors=(404, *_BODY_ERRORS, *_DB)),
+              202, s.ReplayAccepted, s.ReplayDead, errors=(404, *_BODY_ERRORS, *_DB),
+              access="manage", tenant_scoped=True),
     Operation("create_event", "POST", "/v1/events",
               "Accept an event: answered after it and its deliveries are committed",
               202, s.EventAccepted, s.EventCreate,
               headers=(Param("Idempotency-Key", {"type": "string", "minLength": 1,
                                                  "maxLength": 256}),),
-              errors=(*_BODY_ERRORS, 409, *_DB)),
+              errors=(*_BODY_ERRORS, 409, *_DB),
+              access="send", tenant_scoped=True),
     Operation("create_event_batch", "POST", "/v1/events/batch",
               "Accept up to 1000 events, all or nothing in one transaction (body up to"
               " 32 times the request limit; each payload within the limit)",
-              202, s.BatchAccepted, s.EventBatch, errors=(*_BODY_ERRORS, 409, *_DB)),
+              202, s.BatchAccepted, s.EventBatch, errors=(*_BODY_ERRORS, 409, *_DB),
+              access="send", tenant_scoped=True),
     Operation("read_event", "GET", "/v1/events/{id}", "Read an event with its deliveries",
-              200, s.Event, errors=(404, *_DB)),
+              200, s.Event, errors=(404, *_DB),
+              tenant_scoped=True),
     Operation("list_deliveries", "GET", "/v1/deliveries", "List deliveries, newest first",
               200, s.DeliveryPage,
               query=(
@@ -100,12 +127,15 @@ OPERATIONS: tuple[Operation, ...] = (
                   Param("since", _TIME, "only deliveries of events created at or after"),
                   Param("until", _TIME, "only deliveries of events created at or before"),
               ),
-              errors=(422, *_DB)),
+              errors=(422, *_DB),
+              tenant_scoped=True),
     Operation("read_delivery", "GET", "/v1/deliveries/{id}", "Read a delivery with attempts",
-              200, s.DeliveryDetail, errors=(404, *_DB)),
+              200, s.DeliveryDetail, errors=(404, *_DB),
+              tenant_scoped=True),
     Operation("replay_delivery", "POST", "/v1/deliveries/{id}/replay",
               "Send a delivery again as a first attempt", 202, s.Delivery,
-              errors=(404, 409, *_DB)),
+              errors=(404, 409, *_DB),
+              access="manage", tenant_scoped=True),
     # The console's reads (console/api.py).
     Operation("list_events", "GET", "/v1/events",
               "List events without payloads, newest first (created_at, then id)",
@@ -117,7 +147,8 @@ OPERATIONS: tuple[Operation, ...] = (
                   Param("limit", _LIMIT),
                   Param("after", _CURSOR, "the `next` cursor of the previous page"),
               ),
-              errors=(422, *_DB)),
+              errors=(422, *_DB),
+              tenant_scoped=True),
     Operation("destination_stats", "GET", "/v1/destinations/{id}/stats",
               "A destination's attempts in a window (to the minute) by outcome, duration"
               " p50/p90/p99 (from a histogram, within 19 %), backlog and dead count",
@@ -126,14 +157,16 @@ OPERATIONS: tuple[Operation, ...] = (
                   Param("window", _WINDOW, "a duration from 1s to 24h; default 1h"),
                   Param("dead_since", _TIME, "count the dead deliveries since this time"),
               ),
-              errors=(404, 422, *_DB)),
+              errors=(404, 422, *_DB),
+              tenant_scoped=True),
     Operation("overview", "GET", "/v1/overview",
               "Queue depth, attempts per minute over the last hour, breakers, each"
               " destination's window and engine status's warnings",
               200, s.Overview,
               query=(Param("window", _WINDOW,
                            "the destinations' window, 1s to 24h; default 1h"),),
-              errors=(422, *_DB)),
+              errors=(422, *_DB),
+              access="admin"),
     Operation("console_page", "GET", "/console", "The operator console (HTML)", 200, None,
               auth=False, content_type="text/html"),
     Operation("console_script", "GET", "/console/console.js", "The console's script", 200,
@@ -145,13 +178,43 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("healthz", "GET", "/healthz", "Liveness and database check", 200, s.Health,
               errors=(503,), auth=False),
     Operation("metrics", "GET", "/metrics", "Prometheus metrics", 200, None,
-              content_type="text/plain"),
+              content_type="text/plain",
+              access="admin"),
     Operation("openapi", "GET", "/openapi.json", "This document", 200, None),
+    # Tenants and their keys (tenants_api.py): the admin token's alone.
+    Operation("create_tenant", "POST", "/v1/tenants", "Create a tenant", 201, s.Tenant,
+              s.TenantCreate, errors=(*_BODY_ERRORS, 409, *_ADMIN, *_DB), access="admin"),
+    Operation("list_tenants", "GET", "/v1/tenants", "List tenants with their backlogs, by id",
+              200, s.TenantPage,
+              query=(Param("limit", _LIMIT),
+                     Param("after", _CURSOR, "the `next` cursor of the previous page")),
+              errors=(422, *_ADMIN, *_DB), access="admin"),
+    Operation("read_tenant", "GET", TENANT_PATH, "Read a tenant", 200, s.Tenant,
+              errors=(404, *_ADMIN, *_DB), access="admin"),
+    Operation("patch_tenant", "PATCH", TENANT_PATH,
+              "Change a tenant's name, metadata, limits, or disable it", 200, s.Tenant,
+              s.TenantPatch, errors=(404, *_BODY_ERRORS, *_ADMIN, *_DB), access="admin"),
+    Operation("delete_tenant", "DELETE", TENANT_PATH,
+              "Delete a tenant: its keys, destinations and pending deliveries", 204, None,
+              errors=(404, 409, *_ADMIN, *_DB), access="admin"),
+    Operation("create_key", "POST", TENANT_PATH + "/keys",
+              "Create an API key for the tenant (the key is in this answer only)", 201,
+              s.ApiKey, s.KeyCreate, errors=(404, *_BODY_ERRORS, *_ADMIN, *_DB),
+              access="admin"),
+    Operation("list_keys", "GET", TENANT_PATH + "/keys", "List the tenant's keys", 200,
+              s.ApiKeyList, errors=(404, *_ADMIN, *_DB), access="admin"),
+    Operation("revoke_key", "DELETE", TENANT_PATH + "/keys/{id}",
+              "Revoke a key: refused by every ingress process within a second", 204, None,
+              errors=(404, *_ADMIN, *_DB), access="admin"),
 )
+# Every operation as /openapi.json lists it: the tenant-scoped ones twice.
+DOCUMENTED: tuple[Operation, ...] = (
+    *OPERATIONS, *(op.for_tenant() for op in OPERATIONS if op.tenant_scoped))
 
 _REASONS = {
     400: "Malformed JSON or non-UTF-8 body",
-    401: "Missing or wrong bearer token",
+    401: "Missing or wrong bearer token, or a revoked key",
+    403: "The key's scopes do not allow it, or the admin token's alone",
     404: "Unknown id or path",
     409: "Conflict",
     413: "Request body over the limit",
@@ -173,8 +236,8 @@ _LINKS = {
 
 
 def build_document(max_timeout_ms: int) -> dict[str, Any]:
-    types = {op.request for op in OPERATIONS if op.request} | {
-        op.response for op in OPERATIONS if op.response
+    types = {op.request for op in DOCUMENTED if op.request} | {
+        op.response for op in DOCUMENTED if op.response
     }
     types.add(s.ErrorBody)
     ordered_types = sorted(types, key=lambda t: t.__name__)
@@ -188,9 +251,12 @@ def build_document(max_timeout_ms: int) -> dict[str, Any]:
             if option.get("type") == "integer":
                 option["maximum"] = max_timeout_ms
     paths: dict[str, dict[str, Any]] = {}
-    for op in OPERATIONS:
+    for op in DOCUMENTED:
         item: dict[str, Any] = {"operationId": op.id, "summary": op.summary}
         parameters: list[dict[str, Any]] = []
+        if "{tenant}" in op.path:
+            parameters.append({"name": "tenant", "in": "path", "required": True,
+                               "schema": TENANT_SCHEMA})
         if "{id}" in op.path:
             parameters.append({"name": "id", "in": "path", "required": True,
                                "schema": ID_SCHEMA})
@@ -219,6 +285,10 @@ def build_document(max_timeout_ms: int) -> dict[str, Any]:
             }
         responses: dict[str, Any] = {str(op.status): success}
         codes = set(op.errors) | ({401} if op.auth else set())
+        if op.auth and op.access != "admin":
+            codes |= {403}  # a key without the scope
+        if "{tenant}" in op.path:
+            codes |= {404}
         for code in sorted(codes):
             responses[str(code)] = {
                 "description": _REASONS[code],

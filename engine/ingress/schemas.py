@@ -8,7 +8,7 @@ Strings that end up in text columns refuse NUL, which PostgreSQL cannot store.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, Raw, UnsetType
@@ -65,6 +65,11 @@ DeliveryStatus = Literal["pending", "in_flight", "delivered", "dead"]
 BreakerState = Literal["closed", "open", "half_open"]
 
 
+# A time in an answer: RFC 3339 text, declared so in /openapi.json (msgspec says only
+# "string"), so generated clients type it as a date-time.
+Timestamp = Annotated[dt.datetime, Meta(extra_json_schema={"format": "date-time"})]
+
+
 class _Request(msgspec.Struct, forbid_unknown_fields=True):
     pass
 
@@ -105,19 +110,20 @@ class Destination(msgspec.Struct):
     paused: bool
     disabled: bool
     disabled_reason: str | None
-    paused_until: dt.datetime | None
+    paused_until: Timestamp | None
     breaker: BreakerState
     consecutive_failures: int
-    created_at: dt.datetime
-    updated_at: dt.datetime
+    created_at: Timestamp
+    updated_at: Timestamp
     rate_limit: float | None
     headers: dict[str, str] | None
     retry_schedule: list[str] | None
     # The first failure since the last success: the auto-disable clock (null: healthy).
-    failing_since: dt.datetime | None
+    failing_since: Timestamp | None
+    tenant: str
     # Present only in the answer to a creation or a rotation.
     secret: str | UnsetType = UNSET
-    previous_secret_until: dt.datetime | None = None
+    previous_secret_until: Timestamp | None = None
 
 
 class DestinationList(msgspec.Struct):
@@ -159,15 +165,16 @@ class Delivery(msgspec.Struct):
     destination_id: int
     status: DeliveryStatus
     attempt: int
-    next_attempt_at: dt.datetime
+    next_attempt_at: Timestamp
     last_error: str | None
-    created_at: dt.datetime
-    completed_at: dt.datetime | None
+    created_at: Timestamp
+    completed_at: Timestamp | None
+    tenant: str
 
 
 class Attempt(msgspec.Struct):
     attempt: int
-    started_at: dt.datetime
+    started_at: Timestamp
     duration_ms: int | None
     status_code: int | None
     error: str | None
@@ -191,13 +198,15 @@ class Event(msgspec.Struct):
     payload: Raw
     ordering_key: str | None
     idempotency_key: str | None
-    created_at: dt.datetime
+    created_at: Timestamp
     deliveries: list[Delivery]
+    tenant: str
 
 
 class ReplayDead(_Request):
     status: Literal["dead"]
-    since: Annotated[dt.datetime, Meta(tz=True)] | None = None
+    since: Annotated[
+        dt.datetime, Meta(tz=True, extra_json_schema={"format": "date-time"})] | None = None
 
 
 class ReplayAccepted(msgspec.Struct):
@@ -229,7 +238,8 @@ class EventSummary(msgspec.Struct):
     ordering_key: str | None
     idempotency_key: str | None
     delivery_count: int
-    created_at: dt.datetime
+    created_at: Timestamp
+    tenant: str
 
 
 class EventPage(msgspec.Struct):
@@ -255,11 +265,11 @@ class DestinationStats(msgspec.Struct):
     pending: int
     in_flight: int
     dead: int
-    dead_since: dt.datetime | None
+    dead_since: Timestamp | None
 
 
 class MinuteCount(msgspec.Struct):
-    minute: dt.datetime
+    minute: Timestamp
     succeeded: int
     failed: int
 
@@ -276,7 +286,7 @@ class DestinationSummary(msgspec.Struct):
     p50_ms: float | None
     p99_ms: float | None
     last_error: str | None
-    last_error_at: dt.datetime | None
+    last_error_at: Timestamp | None
 
 
 class QueueDepth(msgspec.Struct):
@@ -302,10 +312,77 @@ class BreakerCounts(msgspec.Struct):
 class Overview(msgspec.Struct):
     """GET /v1/overview: what the console's first page shows, in one request."""
 
-    at: dt.datetime
+    at: Timestamp
     window_s: float
     queue: QueueDepth
     breakers: BreakerCounts
     per_minute: list[MinuteCount]
     destinations: list[DestinationSummary]
     warnings: list[str]
+
+
+# Tenants and API keys (engine/ingress/tenants_api.py) ----------------------------------
+
+TENANT_UID_PATTERN = "^[A-Za-z0-9._:-]{1,64}$"
+TenantUid = Annotated[str, Meta(
+    pattern=TENANT_UID_PATTERN,
+    description="The operator's own id for its customer: 1-64 of A-Z a-z 0-9 . _ : -")]
+TenantName = Annotated[str, Meta(min_length=1, max_length=256, pattern=_NO_NUL)]
+Metadata = Annotated[dict[str, Any], Meta(description="Any JSON object, up to 4 KiB")]
+Scope = Literal["send", "read", "manage"]
+MAX_METADATA_BYTES = 4096
+
+
+class TenantCreate(_Request):
+    uid: TenantUid
+    name: TenantName | None = None
+    metadata: Metadata | None = None
+
+
+class TenantPatch(_Request):
+    name: TenantName | UnsetType | None = UNSET
+    metadata: Metadata | UnsetType | None = UNSET
+    disabled: bool | UnsetType = UNSET
+    rate_limit: RateLimit | UnsetType | None = UNSET
+    max_in_flight: MaxInFlight | UnsetType | None = UNSET
+
+
+class Tenant(msgspec.Struct):
+    id: int
+    uid: str
+    name: str | None
+    metadata: dict[str, Any] | None
+    disabled: bool
+    max_in_flight: int | None
+    rate_limit: float | None
+    created_at: Timestamp
+    updated_at: Timestamp
+    # Its backlog now: deliveries waiting and being sent.
+    pending: int
+    in_flight: int
+
+
+class TenantPage(msgspec.Struct):
+    data: list[Tenant]
+    next: str | None
+
+
+class KeyCreate(_Request):
+    name: TenantName
+    scopes: Annotated[list[Scope], Meta(min_length=1, max_length=3)] | None = None
+
+
+class ApiKey(msgspec.Struct):
+    id: int
+    name: str
+    prefix: str
+    scopes: list[str]
+    created_at: Timestamp
+    last_used_at: Timestamp | None
+    tenant: str
+    # The key itself: only in the answer to its creation, never again.
+    key: str | UnsetType = UNSET
+
+
+class ApiKeyList(msgspec.Struct):
+    data: list[ApiKey]

@@ -16,10 +16,12 @@ from engine.db.sql_params import (
     ApiDestinationCreateParams,
     ApiDestinationDeliveriesListParams,
     ApiDestinationPatchParams,
-    DeliveryIdParams,
-    DestinationIdParams,
-    EventIdParams,
+    TenantDeliveryParams,
+    TenantDestinationParams,
+    TenantEventParams,
+    TenantParams,
 )
+from engine.ingress.http import TenantScope
 from engine.ingress.schemas import Attempt, Delivery, DeliveryDetail, Destination, Event
 from engine.webhooks.destination_options import format_duration
 
@@ -50,10 +52,10 @@ Built = TypeVar("Built")  # what _row_with_its_rows builds
 HOT_STATUSES = ("pending", "in_flight")
 
 
-def _destination(row: tuple, with_secret: bool = False) -> Destination:
+def _destination(row: tuple, tenant: TenantScope, with_secret: bool = False) -> Destination:
     *columns, schedule, failing_since, secret, previous_until = row
     delays = None if schedule is None else [format_duration(d) for d in schedule]
-    destination = Destination(*columns, delays, failing_since)
+    destination = Destination(*columns, delays, failing_since, tenant.uid)
     if with_secret:
         destination.secret = secret
         destination.previous_secret_until = previous_until
@@ -71,8 +73,8 @@ async def _fetchall(conn: AsyncConnection, statement: Statement, params: tuple |
 
 
 async def create_destination(
-    conn: AsyncConnection, url: str, secret: str, event_types: list[str] | None,
-    max_in_flight: int | None, ordered: bool, timeout_ms: int,
+    conn: AsyncConnection, tenant: TenantScope, url: str, secret: str,
+    event_types: list[str] | None, max_in_flight: int | None, ordered: bool, timeout_ms: int,
     options: DeliveryOptions | None = None,
 ) -> Destination:
     options = options or DeliveryOptions()
@@ -80,24 +82,28 @@ async def create_destination(
         url=url, secret=secret, event_types=event_types, max_in_flight=max_in_flight,
         ordered=ordered, timeout_ms=timeout_ms, rate_limit=_value(options.rate_limit),
         headers=options.headers_json(), retry_schedule=_value(options.retry_schedule),
+        tenant_id=tenant.id,
     )
     row = await _fetchone(conn, queries.API_DESTINATION_CREATE, params)
     assert row is not None
-    return _destination(row, with_secret=True)
+    return _destination(row, tenant, with_secret=True)
 
 
-async def list_destinations(conn: AsyncConnection) -> list[Destination]:
-    return [_destination(row) for row in await _fetchall(conn, queries.API_DESTINATIONS_LIST, None)]
+async def list_destinations(conn: AsyncConnection, tenant: TenantScope) -> list[Destination]:
+    rows = await _fetchall(conn, queries.API_DESTINATIONS_LIST, TenantParams(tenant_id=tenant.id))
+    return [_destination(row, tenant) for row in rows]
 
 
-async def read_destination(conn: AsyncConnection, destination_id: int) -> Destination | None:
-    row = await _fetchone(conn, queries.API_DESTINATION_READ,
-                           DestinationIdParams(destination_id=destination_id))
-    return _destination(row) if row else None
+async def read_destination(
+    conn: AsyncConnection, tenant: TenantScope, destination_id: int
+) -> Destination | None:
+    row = await _fetchone(conn, queries.API_DESTINATION_READ, TenantDestinationParams(
+        destination_id=destination_id, tenant_id=tenant.id))
+    return _destination(row, tenant) if row else None
 
 
 async def patch_destination(
-    conn: AsyncConnection, destination_id: int, *, url: str | None,
+    conn: AsyncConnection, tenant: TenantScope, destination_id: int, *, url: str | None,
     set_event_types: bool, event_types: list[str] | None,
     set_max_in_flight: bool, max_in_flight: int | None,
     ordered: bool | None, timeout_ms: int | None, paused: bool | None,
@@ -116,15 +122,17 @@ async def patch_destination(
         rate_limit=_value(options.rate_limit),
         set_headers=options.headers is not msgspec.UNSET, headers=options.headers_json(),
         set_retry_schedule=options.retry_schedule is not msgspec.UNSET,
-        retry_schedule=_value(options.retry_schedule),
+        retry_schedule=_value(options.retry_schedule), tenant_id=tenant.id,
     )
     row = await _fetchone(conn, queries.API_DESTINATION_PATCH, params)
-    return _destination(row, with_secret=new_secret is not None) if row else None
+    return _destination(row, tenant, with_secret=new_secret is not None) if row else None
 
 
-async def delete_destination(conn: AsyncConnection, destination_id: int) -> bool:
-    return await _fetchone(conn, queries.API_DESTINATION_DELETE,
-                           DestinationIdParams(destination_id=destination_id)) is not None
+async def delete_destination(
+    conn: AsyncConnection, tenant: TenantScope, destination_id: int
+) -> bool:
+    return await _fetchone(conn, queries.API_DESTINATION_DELETE, TenantDestinationParams(
+        destination_id=destination_id, tenant_id=tenant.id)) is not None
 
 
 async def _row_with_its_rows(
@@ -140,22 +148,21 @@ async def _row_with_its_rows(
     return build(row, await _fetchall(conn, read_its_rows, key))
 
 
-def _event(row: tuple, rows: list[tuple]) -> Event:
-    event_id, type_, payload, ordering_key, idempotency_key, created_at = row
-    return Event(
-        event_id, type_, msgspec.Raw(payload.encode()), ordering_key, idempotency_key,
-        created_at, [Delivery(*r) for r in rows],
-    )
+async def read_event(conn: AsyncConnection, tenant: TenantScope, event_id: int) -> Event | None:
+    def event(row: tuple, rows: list[tuple]) -> Event:
+        event_id, type_, payload, ordering_key, idempotency_key, created_at = row
+        return Event(
+            event_id, type_, msgspec.Raw(payload.encode()), ordering_key, idempotency_key,
+            created_at, [Delivery(*r, tenant.uid) for r in rows], tenant.uid,
+        )
 
-
-async def read_event(conn: AsyncConnection, event_id: int) -> Event | None:
     return await _row_with_its_rows(
         conn, queries.API_EVENT_READ, queries.API_EVENT_DELIVERIES,
-        EventIdParams(event_id=event_id), _event)
+        TenantEventParams(event_id=event_id, tenant_id=tenant.id), event)
 
 
 async def list_deliveries(
-    conn: AsyncConnection, destination_id: int | None, status: str | None,
+    conn: AsyncConnection, tenant: TenantScope, destination_id: int | None, status: str | None,
     before_id: int | None, limit: int,
 ) -> list[Delivery]:
     scan_hot = status is None or status in HOT_STATUSES
@@ -163,26 +170,32 @@ async def list_deliveries(
     statement = queries.API_DELIVERIES_LIST
     params: tuple = ApiDeliveriesListParams(
         status=status, before_id=before_id, limit=limit, scan_deliveries=scan_hot,
-        scan_finished_deliveries=scan_finished,
+        scan_finished_deliveries=scan_finished, tenant_id=tenant.id,
     )
     if destination_id is not None:
         statement = queries.API_DESTINATION_DELIVERIES_LIST
         params = ApiDestinationDeliveriesListParams(
             status=status, before_id=before_id, limit=limit, scan_deliveries=scan_hot,
             scan_finished_deliveries=scan_finished, destination_id=destination_id,
+            tenant_id=tenant.id,
         )
-    return [Delivery(*r) for r in await _fetchall(conn, statement, params)]
+    return [Delivery(*r, tenant.uid) for r in await _fetchall(conn, statement, params)]
 
 
-async def read_delivery(conn: AsyncConnection, delivery_id: int) -> DeliveryDetail | None:
+async def read_delivery(
+    conn: AsyncConnection, tenant: TenantScope, delivery_id: int
+) -> DeliveryDetail | None:
     return await _row_with_its_rows(
         conn, queries.API_DELIVERY_READ, queries.API_DELIVERY_ATTEMPTS,
-        DeliveryIdParams(delivery_id=delivery_id),
-        lambda row, rows: DeliveryDetail(*row, attempts=[Attempt(*r) for r in rows]))
+        TenantDeliveryParams(delivery_id=delivery_id, tenant_id=tenant.id),
+        lambda row, rows: DeliveryDetail(*row, tenant.uid,
+                                         attempts=[Attempt(*r) for r in rows]))
 
 
-async def read_delivery_row(conn: AsyncConnection, delivery_id: int) -> Delivery | None:
+async def read_delivery_row(
+    conn: AsyncConnection, tenant: TenantScope, delivery_id: int
+) -> Delivery | None:
     row = await _fetchone(conn, queries.API_DELIVERY_READ,
-                          DeliveryIdParams(delivery_id=delivery_id))
-    return Delivery(*row) if row else None
+                          TenantDeliveryParams(delivery_id=delivery_id, tenant_id=tenant.id))
+    return Delivery(*row, tenant.uid) if row else None
 

@@ -91,6 +91,8 @@ def truncate_all(conn: psycopg.Connection) -> None:
     )
     conn.execute("ALTER SEQUENCE delivery_id_seq RESTART")
     conn.execute("INSERT INTO tenants (uid, name) VALUES ('default', 'default')")
+    # Ingress processes reload their keys (engine/ingress/keys.py): ids start again.
+    conn.execute("UPDATE auth_generation SET generation = generation + 1")
 
 
 def stop_autovacuum(conn: psycopg.Connection) -> None:

@@ -31,7 +31,7 @@ from psycopg.conninfo import make_conninfo
 
 from engine.db import queries, queue_async
 from engine.db.queue import REPLAY_BATCH
-from engine.domain import BreakerSettings, Claim, EventIn, Result
+from engine.domain import DEFAULT_TENANT_ID, BreakerSettings, Claim, EventIn, Result
 
 T = TypeVar("T")
 
@@ -106,9 +106,10 @@ def record_results_and_refill(
         twin.conn, worker, results, lease_ms, refill, breaker, spares))
 
 
-def replay_delivery(conn: psycopg.Connection, delivery_id: int) -> bool:
+def replay_delivery(conn: psycopg.Connection, delivery_id: int,
+                    tenant_id: int = DEFAULT_TENANT_ID) -> bool:
     twin = _twin(conn)
-    return twin.run(queue_async.replay_delivery(twin.conn, delivery_id))
+    return twin.run(queue_async.replay_delivery(twin.conn, tenant_id, delivery_id))
 
 
 def replay_dead(

@@ -14,7 +14,7 @@ import msgspec
 from engine.ingress import errors, store
 from engine.ingress import schemas as s
 from engine.ingress.console import store as console_store
-from engine.ingress.http import Request, Response, int_param, json_response
+from engine.ingress.http import Request, Response, TenantScope, int_param, json_response
 from engine.webhooks.retry import parse_duration
 
 DEFAULT_WINDOW_S = 3600.0
@@ -124,7 +124,8 @@ class ConsoleApi:
                  or s.DEFAULT_LIST_LIMIT)
         after = cursor_param(params)
         async with self._connection() as conn:
-            rows = await console_store.list_events(conn, event_type, since, until, after, limit)
+            rows = await console_store.list_events(
+                conn, request.tenant, event_type, since, until, after, limit)
         next_cursor = str(rows[-1].id) if len(rows) == limit else None
         return json_response(200, s.EventPage(rows, next_cursor))
 
@@ -134,7 +135,7 @@ class ConsoleApi:
         window_s = window_param(params)
         dead_since = time_param(params, "dead_since")
         async with self._connection() as conn:
-            if await store.read_destination(conn, request.path_id) is None:
+            if await store.read_destination(conn, request.tenant, request.path_id) is None:
                 raise errors.not_found("destination")
             stats = await console_store.destination_stats(
                 conn, request.path_id, window_s, dead_since
@@ -147,8 +148,8 @@ class ConsoleApi:
             return json_response(200, await console_store.overview(conn, window_s))
 
     async def console_deliveries(
-        self, params: dict[str, str], destination_id: int | None, status: str | None,
-        after: int | None, limit: int,
+        self, tenant: TenantScope, params: dict[str, str], destination_id: int | None,
+        status: str | None, after: int | None, limit: int,
     ) -> list[s.Delivery] | None:
         """GET /v1/deliveries with event_type, since or until, or for dead ones; None when
         the core listing (store.list_deliveries) serves the query."""
@@ -159,7 +160,7 @@ class ConsoleApi:
         since, until = time_param(params, "since"), time_param(params, "until")
         async with self._connection() as conn:
             if not by_event:
-                return await console_store.list_dead(conn, destination_id, after, limit)
+                return await console_store.list_dead(conn, tenant, destination_id, after, limit)
             return await console_store.list_deliveries_by_event(
-                conn, event_type, since, until, status, destination_id, after, limit
+                conn, tenant, event_type, since, until, status, destination_id, after, limit
             )

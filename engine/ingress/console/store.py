@@ -26,6 +26,7 @@ from engine.db.sql_params import (
     StatusDestinationsParams,
 )
 from engine.ingress import schemas as s
+from engine.ingress.http import TenantScope
 from engine.observe import status
 from engine.observe.duration_histogram import percentile
 
@@ -36,36 +37,38 @@ async def _fetchall(conn: AsyncConnection, statement: Statement, params: tuple |
 
 
 async def list_events(
-    conn: AsyncConnection, event_type: str | None, since: dt.datetime | None,
+    conn: AsyncConnection, tenant: TenantScope, event_type: str | None, since: dt.datetime | None,
     until: dt.datetime | None, after_id: int | None, limit: int,
 ) -> list[s.EventSummary]:
     params = ConsoleEventsParams(
-        since=since, until=until, after_id=after_id, limit=limit, event_type=event_type)
+        since=since, until=until, after_id=after_id, limit=limit, event_type=event_type,
+        tenant_id=tenant.id)
     rows = await _fetchall(conn, queries.CONSOLE_EVENTS, params)
-    return [s.EventSummary(*row) for row in rows]
+    return [s.EventSummary(*row, tenant.uid) for row in rows]
 
 
 async def list_deliveries_by_event(
-    conn: AsyncConnection, event_type: str | None, since: dt.datetime | None,
+    conn: AsyncConnection, tenant: TenantScope, event_type: str | None, since: dt.datetime | None,
     until: dt.datetime | None, status_: str | None, destination_id: int | None,
     after_id: int | None, limit: int,
 ) -> list[s.Delivery]:
     """Deliveries of the events of a type and/or a time range, newest event first."""
     params = ConsoleDeliveriesParams(
         event_type=event_type, since=since, until=until, status=status_,
-        destination_id=destination_id, after_id=after_id, limit=limit,
+        destination_id=destination_id, after_id=after_id, limit=limit, tenant_id=tenant.id,
     )
     rows = await _fetchall(conn, queries.CONSOLE_DELIVERIES_BY_EVENT, params)
-    return [s.Delivery(*row) for row in rows]
+    return [s.Delivery(*row, tenant.uid) for row in rows]
 
 
 async def list_dead(
-    conn: AsyncConnection, destination_id: int | None, before_id: int | None, limit: int,
+    conn: AsyncConnection, tenant: TenantScope, destination_id: int | None,
+    before_id: int | None, limit: int,
 ) -> list[s.Delivery]:
     params = ConsoleDeadDeliveriesParams(
-        destination_id=destination_id, before_id=before_id, limit=limit)
+        destination_id=destination_id, before_id=before_id, limit=limit, tenant_id=tenant.id)
     rows = await _fetchall(conn, queries.CONSOLE_DEAD_DELIVERIES, params)
-    return [s.Delivery(*row) for row in rows]
+    return [s.Delivery(*row, tenant.uid) for row in rows]
 
 
 async def destination_stats(

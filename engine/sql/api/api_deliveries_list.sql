@@ -1,11 +1,12 @@
--- api_deliveries_list: GET /v1/deliveries, a page of every destination's deliveries.
+-- api_deliveries_list: GET /v1/deliveries, a page of the tenant's deliveries.
 --   $1 status text (NULL: any), $2 before id bigint (NULL: first page), $3 limit int,
---   $4 scan deliveries bool, $5 scan finished_deliveries bool
+--   $4 scan deliveries bool, $5 scan finished_deliveries bool, $6 tenant id bigint
 -- Keyset pagination, newest first, over both tables (they share one id sequence). Each
 -- side is limited on its own so it can walk an index backwards and stop early. $4/$5 say
 -- which tables can hold the wanted status at all (pending/in_flight live only in
 -- `deliveries`, delivered/dead only in `finished_deliveries`): a false one is a one-time
--- filter, so that side is not scanned at all.
+-- filter, so that side is not scanned at all. The finished side walks
+-- finished_deliveries_tenant_idx (tenant_id, id); the hot side holds only the backlog.
 -- (api_destination_deliveries_list.sql is the same for one destination.)
 -- Returns the delivery columns engine/ingress/schemas.py `Delivery` takes, then completed_at
 -- (NULL in the hot table); the same list in every api_*deliver*.sql.
@@ -15,6 +16,7 @@
    FROM deliveries
   WHERE ($1::text IS NULL OR status::text = $1::text)
     AND ($2::bigint IS NULL OR id < $2::bigint) AND $4::bool
+    AND tenant_id = $6::bigint
   ORDER BY id DESC LIMIT $3::int)
 UNION ALL
 (SELECT
@@ -23,5 +25,6 @@ UNION ALL
    FROM finished_deliveries
   WHERE ($1::text IS NULL OR status::text = $1::text)
     AND ($2::bigint IS NULL OR id < $2::bigint) AND $5::bool
+    AND tenant_id = $6::bigint
   ORDER BY id DESC LIMIT $3::int)
 ORDER BY id DESC LIMIT $3::int

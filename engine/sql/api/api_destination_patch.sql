@@ -9,7 +9,7 @@
 --   $13 resume bool (paused or disabled set to false),
 --   $14 set rate_limit bool, $15 rate_limit float8, $16 set headers bool,
 --   $17 headers text (a JSON object), $18 set retry_schedule bool,
---   $19 retry_schedule float8[] ($14-$19: from store.DeliveryOptions)
+--   $19 retry_schedule float8[] ($14-$19: from store.DeliveryOptions), $20 tenant id bigint
 -- Every field is optional: a NULL value (or a false `set_*` flag for nullable columns)
 -- keeps the column. Resuming (paused or disabled set to false) also closes the breaker,
 -- so the operator's "go" is not held back by an old failure streak, and restarts the
@@ -42,7 +42,7 @@ UPDATE destinations SET
     headers = CASE WHEN $16::bool THEN $17::text::jsonb ELSE headers END,
     retry_schedule = CASE WHEN $18::bool THEN $19::float8[] ELSE retry_schedule END,
     updated_at = now()
-WHERE id = $1::bigint AND deleted_at IS NULL
+WHERE id = $1::bigint AND tenant_id = $20::bigint AND deleted_at IS NULL
 RETURNING
     id, url, event_types, max_in_flight, ordered, timeout_ms, paused, disabled,
     disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,

@@ -1,5 +1,5 @@
 -- api_destination_read: GET /v1/destinations/{id}.
---   $1 destination id bigint
+--   $1 destination id bigint, $2 tenant id bigint (another tenant's: no row)
 -- Returns the destination columns in the order engine/ingress/store.py `_destination` reads
 -- them (the same list in every api_destination*.sql).
 SELECT
@@ -7,4 +7,4 @@ SELECT
     disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
     updated_at, rate_limit, headers, retry_schedule, failing_since, secret,
     previous_secret_until
-  FROM destinations WHERE id = $1::bigint AND deleted_at IS NULL
+  FROM destinations WHERE id = $1::bigint AND tenant_id = $2::bigint AND deleted_at IS NULL

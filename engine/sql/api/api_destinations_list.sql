@@ -1,4 +1,6 @@
--- api_destinations_list: GET /v1/destinations, every destination not deleted.
+-- api_destinations_list: GET /v1/destinations, the tenant's destinations not deleted
+-- (destinations_tenant_idx).
+--   $1 tenant id bigint
 -- Returns the destination columns in the order engine/ingress/store.py `_destination` reads
 -- them (the same list in every api_destination*.sql).
 SELECT
@@ -6,4 +8,4 @@ SELECT
     disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
     updated_at, rate_limit, headers, retry_schedule, failing_since, secret,
     previous_secret_until
-  FROM destinations WHERE deleted_at IS NULL ORDER BY id
+  FROM destinations WHERE tenant_id = $1::bigint AND deleted_at IS NULL ORDER BY id
