@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from tests.kit.enginerun import ROOT, Engine, wait_until
 
@@ -45,16 +46,16 @@ def healthy(base: str) -> bool:
         return False
 
 
-def test_curl_examples_work_against_a_running_engine(dsn: str, tmp_path: Path) -> None:
-    commands = curl_commands(shell_blocks(README)[0])
-    assert len(commands) >= 10, commands
+def run_curl_commands(dsn: str, tmp_path: Path, commands: list[str]) -> list[tuple[str, Any]]:
+    """Each command as written against a running engine, only pointed at its port and told
+    to fail on HTTP errors; the JSON answers in order."""
     assert all("localhost:8080" in c for c in commands)
     with Engine(dsn, tmp_path, "--bind", "127.0.0.1:0", "--procs", "1",
                 "--allow-private-targets") as engine:
         started = wait_until(lambda: engine.events("supervisor_started"), 60, "the engine")
         address = started[0]["bind"]
         wait_until(lambda: healthy(f"http://{address}"), 60, "/healthz")
-        answers = []
+        answers: list[tuple[str, Any]] = []
         for command in commands:
             # As written, only pointed at this test's port and told to fail on HTTP errors.
             line = command.replace("localhost:8080", address) + " --fail-with-body"
@@ -65,8 +66,29 @@ def test_curl_examples_work_against_a_running_engine(dsn: str, tmp_path: Path) -
                 assert "engine_" in proc.stdout
             else:
                 answers.append((command, json.loads(proc.stdout)))
+    return answers
+
+
+def test_curl_examples_work_against_a_running_engine(dsn: str, tmp_path: Path) -> None:
+    commands = curl_commands(shell_blocks(README)[0])
+    assert len(commands) >= 10, commands
+    answers = run_curl_commands(dsn, tmp_path, commands)
     keyed = [answer for command, answer in answers if "Idempotency-Key: order-42" in command]
     assert len(keyed) == 2 and keyed[0] == keyed[1] and keyed[0]["deliveries"] == 1
+
+
+def test_tenant_examples_work_against_a_running_engine(dsn: str, tmp_path: Path) -> None:
+    block = next(b for b in shell_blocks(README) if "/v1/tenants" in b)
+    answers = dict(run_curl_commands(dsn, tmp_path, curl_commands(block)))
+    listed_keys = next(a for c, a in answers.items()
+                       if c.split()[2].endswith("/acme/keys") and " -d " not in c)
+    assert listed_keys["data"][0]["scopes"] == ["send", "read"]
+    accepted = next(a for c, a in answers.items() if "/acme/events" in c)
+    assert accepted["deliveries"] == 1
+    tenants = next(a for c, a in answers.items()
+                   if c.split()[2].endswith("/v1/tenants") and " -d " not in c)
+    assert [(t["uid"], t["pending"] + t["in_flight"]) for t in tenants["data"]] == [
+        ("default", 0), ("acme", 1)]
 
 
 def test_operator_command_examples_work(dsn: str, tmp_path: Path) -> None:
