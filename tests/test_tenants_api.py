@@ -278,3 +278,87 @@ def test_revocation_reaches_every_ingress_process_within_a_second(
         time.sleep(0.02)
     assert set(refused) == {"first", "second"}, refused
     assert max(refused.values()) < 1.0, refused
+
+
+def test_a_key_check_costs_no_query_per_request(api: IngressProcess, db: psycopg.Connection
+                                                ) -> None:
+    """/openapi.json reads nothing from the database: with a tenant key, only the key
+    ring's own refreshes (a few a second) may reach it, however many requests come."""
+    make_tenant(api, "a")
+    key = make_key(api, "a")
+    assert as_key(api, key, "GET", "/openapi.json").status == 200
+
+    def commits() -> int:
+        row = db.execute("SELECT xact_commit FROM pg_stat_database"
+                         " WHERE datname = current_database()").fetchone()
+        db.execute("SELECT pg_stat_clear_snapshot()")
+        assert row is not None
+        return int(row[0])
+
+    before, started = commits(), time.monotonic()
+    for _ in range(300):
+        assert as_key(api, key, "GET", "/openapi.json").status == 200
+    time.sleep(1)  # statistics are reported with a delay
+    elapsed = time.monotonic() - started
+    spent = commits() - before
+    # Refreshes: one query per 250 ms, plus this test's own two.
+    assert spent <= elapsed * 4 + 10, f"{spent} transactions for 300 requests in {elapsed:.1f} s"
+
+
+def test_every_timestamp_is_declared_date_time(api: IngressProcess) -> None:
+    import datetime as dt
+
+    import msgspec
+
+    from engine.ingress.openapi import DOCUMENTED
+
+    document = api.request("GET", "/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    checked = 0
+    for op in DOCUMENTED:
+        for model in (op.request, op.response):
+            if model is None:
+                continue
+            for struct in _structs(msgspec.inspect.type_info(model)):
+                properties = schemas[struct.cls.__name__]["properties"]
+                for field in struct.fields:
+                    if _is_datetime(field.type, dt):
+                        declared = properties[field.encode_name]
+                        options = declared.get("anyOf", [declared])
+                        assert any(o.get("format") == "date-time" for o in options), (
+                            struct.cls.__name__, field.name, declared)
+                        checked += 1
+    assert checked >= 15
+
+
+def _structs(info: object, seen: set | None = None) -> list:
+    import msgspec
+
+    seen = set() if seen is None else seen
+    found = []
+    if isinstance(info, msgspec.inspect.Metadata):
+        return _structs(info.type, seen)
+    if isinstance(info, msgspec.inspect.StructType):
+        if info.cls in seen:
+            return []
+        seen.add(info.cls)
+        found.append(info)
+        for field in info.fields:
+            found += _structs(field.type, seen)
+    for attr in ("item_type", "types", "value_type"):
+        inner = getattr(info, attr, None)
+        for one in inner if isinstance(inner, tuple) else [inner] if inner else []:
+            found += _structs(one, seen)
+    return found
+
+
+def _is_datetime(info: object, dt: object) -> bool:
+    import msgspec
+
+    if isinstance(info, msgspec.inspect.Metadata):
+        return _is_datetime(info.type, dt)
+    if isinstance(info, msgspec.inspect.DateTimeType):
+        return True
+    if isinstance(info, msgspec.inspect.UnionType):
+        return any(_is_datetime(t, dt) for t in info.types)
+    return False
