@@ -343,6 +343,127 @@ def test_edit_a_destination_and_see_a_refused_value_next_to_its_field(
     screenshot(world, page, "destination-edit-refused")
 
 
+def backlogs(world: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Each tenant's pending and in-flight deliveries, from the database."""
+    return {uid: (pending, in_flight) for uid, pending, in_flight in db_rows(world, (
+        "SELECT t.uid, count(*) FILTER (WHERE d.status = 'pending'),"
+        " count(*) FILTER (WHERE d.status = 'in_flight')"
+        " FROM tenants t LEFT JOIN deliveries d ON d.tenant_id = t.id"
+        " WHERE t.deleted_at IS NULL GROUP BY t.uid"))}
+
+
+def test_the_tenant_selector_filters_every_view_and_tenants_show_their_backlog(
+    world: dict[str, Any], page: Page
+) -> None:
+    """Two tenants with paused destinations (their deliveries wait): choosing one shows
+    its objects only, each row names its tenant, and the Tenants page counts each
+    tenant's backlog as the database does."""
+    client = world["client"]
+    made: dict[str, dict[str, Any]] = {}
+    for uid, events in (("tenant-a", 1), ("tenant-b", 2)):
+        assert client.request("POST", "/v1/tenants", {"uid": uid}).status == 201
+        base = f"/v1/tenants/{uid}"
+        destination = client.request("POST", f"{base}/destinations",
+                                     {"url": f"http://127.0.0.1:9/{uid}"}).json()
+        assert client.request("PATCH", f"{base}/destinations/{destination['id']}",
+                              {"paused": True}).status == 200
+        sent = [client.request("POST", f"{base}/events",
+                               {"type": f"{uid}.created", "payload": {"n": n}}).json()
+                for n in range(events)]
+        made[uid] = {"destination": destination["id"], "events": [e["id"] for e in sent]}
+
+    open_console(world, page, "destinations")
+    expect(page.locator(f"tr[data-destination='{world['ids']['healthy']}']")).to_be_visible()
+    expect(page.locator("#tenant-note")).to_have_text("tenant default")
+    rows = page.locator("tr[data-destination]")
+    expect(rows.locator("td.tenant").first).to_have_text("default")
+    assert set(rows.locator("td.tenant").all_inner_texts()) == {"default"}
+
+    page.select_option("#tenant-select", "tenant-b")
+    expect(page.locator("#tenant-note")).to_have_text("tenant tenant-b")
+    expect(rows).to_have_count(1)
+    expect(page.locator(f"tr[data-destination='{made['tenant-b']['destination']}'] td.tenant")
+           ).to_have_text("tenant-b")
+    screenshot(world, page, "destinations-tenant")
+
+    page.click("header nav a[data-page=events]")
+    events = page.locator("tr[data-event]")
+    expect(events).to_have_count(2)
+    assert sorted(int(e) for e in events.evaluate_all(
+        "rows => rows.map(r => r.dataset.event)")) == sorted(made["tenant-b"]["events"])
+    assert set(events.locator("td.tenant").all_inner_texts()) == {"tenant-b"}
+    screenshot(world, page, "events-tenant")
+    events.first.locator("a").first.click()
+    expect(page.locator("#event-tenant")).to_have_text("tenant-b")
+
+    page.click("header nav a[data-page=deliveries]")
+    deliveries = page.locator("tr[data-delivery]")
+    expect(deliveries).to_have_count(2)
+    assert set(deliveries.locator("td.tenant").all_inner_texts()) == {"tenant-b"}
+    deliveries.first.locator("a").first.click()
+    expect(page.locator("#delivery-tenant")).to_have_text("tenant-b")
+    # Switching tenant from an object's page goes to the other tenant's list.
+    page.select_option("#tenant-select", "tenant-a")
+    expect(page).to_have_url(f"{client.base_url}/console#/deliveries")
+    expect(deliveries).to_have_count(1)
+    assert deliveries.locator("td.tenant").all_inner_texts() == ["tenant-a"]
+
+    def shown_matches() -> bool:
+        # The database before and after the page read: equal, the page saw that state.
+        before = backlogs(world)
+        page.goto(f"{client.base_url}/console#/tenants")
+        page.reload()
+        expect(page.locator("tr[data-tenant='tenant-b']")).to_be_visible()
+        shown = {
+            row.get_attribute("data-tenant") or "": (
+                int(row.locator("td.pending").inner_text()),
+                int(row.locator("td.in-flight").inner_text()))
+            for row in page.locator("tr[data-tenant]").all()}
+        return before == shown == backlogs(world)
+
+    wait_until(shown_matches, WAIT_S, "the Tenants page to show the database's backlogs")
+    assert backlogs(world)["tenant-a"] == (1, 0)
+    assert backlogs(world)["tenant-b"] == (2, 0)
+    expect(page.locator("tr[data-tenant='tenant-a'] td").last).to_have_text("selected")
+    screenshot(world, page, "tenants")
+
+    # Paging with `next`: two a page.
+    page.goto(f"{client.base_url}/console#/tenants?limit=2")
+    tenants = page.locator("tr[data-tenant]")
+    expect(tenants).to_have_count(2)
+    assert tenants.evaluate_all("rows => rows.map(r => r.dataset.tenant)") == [
+        "default", "tenant-a"]
+    page.click("#next-tenants")
+    expect(tenants).to_have_count(1)
+    assert tenants.evaluate_all("rows => rows.map(r => r.dataset.tenant)") == ["tenant-b"]
+    expect(page.locator("#next-tenants")).to_have_count(0)
+    # Select from the Tenants page: the default tenant's destinations again.
+    page.goto(f"{client.base_url}/console#/tenants")
+    page.locator("tr[data-tenant='default'] [data-action=select-tenant]").click()
+    page.click("header nav a[data-page=destinations]")
+    expect(page.locator(f"tr[data-destination='{world['ids']['healthy']}']")).to_be_visible()
+    expect(page.locator(f"tr[data-destination='{made['tenant-b']['destination']}']")
+           ).to_have_count(0)
+
+
+def test_a_tenant_key_sees_its_own_tenant_without_a_selector(
+    world: dict[str, Any], page: Page
+) -> None:
+    client = world["client"]
+    assert client.request("POST", "/v1/tenants", {"uid": "tenant-key"}).status == 201
+    own = client.request("POST", "/v1/tenants/tenant-key/destinations",
+                         {"url": "http://127.0.0.1:9/tenant-key"}).json()
+    key = client.request("POST", "/v1/tenants/tenant-key/keys", {"name": "console"}).json()
+    page.goto(f"{client.base_url}/console#/destinations")
+    page.fill("#token-input", key["key"])
+    page.click("#token-form button[type=submit]")
+    rows = page.locator("tr[data-destination]")
+    expect(rows).to_have_count(1)
+    expect(rows.locator("td.tenant")).to_have_text("tenant-key")
+    assert rows.get_attribute("data-destination") == str(own["id"])
+    expect(page.locator("label.tenant-pick")).to_be_hidden()
+
+
 def test_console_works_without_a_token_on_loopback(
     world: dict[str, Any], browser: Browser
 ) -> None:

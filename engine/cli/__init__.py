@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 
 from engine import __version__, demo
-from engine.cli import deliveries, destinations
+from engine.cli import deliveries, destinations, tenants
 from engine.cli.errors import CommandError, check_bind, database_error
 from engine.cli.parent_link import exit_with_parent
 from engine.cli.parsing import OneLineParser
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--top", type=int, default=10, help="destinations listed (default 10)")
     destinations.register(sub, _add_common)
     deliveries.register(sub, _add_common)
+    tenants.register(sub, _add_common)
     demo.register(sub)
     autovacuum_advice.add_parser(sub, _add_common)
     return parser
@@ -171,6 +172,8 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "send": cmd_operator,
     "deliveries": cmd_operator,
     "replay": cmd_operator,
+    "tenants": cmd_operator,
+    "keys": cmd_operator,
     "demo": demo.run_demo,
     "tune-autovacuum": autovacuum_advice.cmd_tune_autovacuum,
 }

@@ -13,7 +13,7 @@ import msgspec
 
 from engine.cli import output
 from engine.cli.errors import CommandError
-from engine.cli.parsing import add_json, positive_id
+from engine.cli.parsing import add_json, add_tenant, positive_id, tenant_path
 
 if TYPE_CHECKING:  # the API's modules load only when a command runs, not for `engine --help`
     from engine.cli.local_api import LocalApi
@@ -46,7 +46,7 @@ def send(api: LocalApi, args: argparse.Namespace) -> int:
     if args.ordering_key is not None:
         body["ordering_key"] = args.ordering_key
     headers = {} if args.idempotency_key is None else {"Idempotency-Key": args.idempotency_key}
-    answer = api.check("POST", "/v1/events", body, headers=headers)
+    answer = api.check("POST", tenant_path(args, "/v1/events"), body, headers=headers)
     if args.json:
         output.print_json(answer.body)
     else:
@@ -71,7 +71,7 @@ def list_deliveries(api: LocalApi, args: argparse.Namespace) -> int:
     query = {name: value for name, value in (
         ("status", args.status), ("destination_id", args.destination), ("limit", args.limit),
     ) if value is not None}
-    answer = api.check("GET", "/v1/deliveries", query=query)
+    answer = api.check("GET", tenant_path(args, "/v1/deliveries"), query=query)
     if args.json:
         output.print_json(answer.body)
         return 0
@@ -86,13 +86,14 @@ def list_deliveries(api: LocalApi, args: argparse.Namespace) -> int:
 
 
 def show_delivery(api: LocalApi, args: argparse.Namespace) -> int:
-    answer = api.check("GET", f"/v1/deliveries/{args.id}")
+    answer = api.check("GET", tenant_path(args, f"/v1/deliveries/{args.id}"))
     if args.json:
         output.print_json(answer.body)
         return 0
     d = answer.json()
     output.fields([
-        ("id", d["id"]), ("event", d["event_id"]), ("destination", d["destination_id"]),
+        ("id", d["id"]), ("tenant", d.get("tenant")), ("event", d["event_id"]),
+        ("destination", d["destination_id"]),
         ("status", d["status"]), ("attempt", d["attempt"]),
         ("next attempt", output.when(d["next_attempt_at"])),
         ("last error", d["last_error"]), ("created", output.when(d["created_at"])),
@@ -126,14 +127,15 @@ def replay(api: LocalApi, args: argparse.Namespace) -> int:
     if args.id is not None:
         if args.since is not None:
             raise CommandError("replay: --since goes with --destination")
-        answer = api.check("POST", f"/v1/deliveries/{args.id}/replay")
+        answer = api.check("POST", tenant_path(args, f"/v1/deliveries/{args.id}/replay"))
         text = f"delivery {args.id} is pending again, as a first attempt"
     else:
         body: dict[str, Any] = {"status": "dead"}
         since = _since(args.since)
         if since is not None:
             body["since"] = since
-        answer = api.check("POST", f"/v1/destinations/{args.destination}/replay", body)
+        answer = api.check(
+            "POST", tenant_path(args, f"/v1/destinations/{args.destination}/replay"), body)
         count = answer.json()["replayed"]
         text = (f"replayed {count} dead deliver{'y' if count == 1 else 'ies'} of destination"
                 f" {args.destination}")
@@ -156,6 +158,7 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[..., None]) -
     p.add_argument("--idempotency-key", metavar="K",
                    help="a repeat with the same key is answered without a second event")
     p.add_argument("--ordering-key", metavar="K", help="ordering key for ordered destinations")
+    add_tenant(p)
     p.set_defaults(operator_command=send)
 
     p = sub.add_parser("deliveries", help="list deliveries, newest first; `show ID` for one")
@@ -164,12 +167,14 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[..., None]) -
     p.add_argument("--status", metavar="S", help="pending, in_flight, delivered or dead")
     p.add_argument("--destination", metavar="ID", help="only this destination's")
     p.add_argument("--limit", metavar="N", help="at most N rows (1-1000, default 100)")
+    add_tenant(p)
     p.set_defaults(operator_command=list_deliveries)
     actions = p.add_subparsers(dest="deliveries_command", metavar="ACTION")
     show = actions.add_parser("show", help="one delivery with its attempts")
     add_common(show)
     add_json(show)
     show.add_argument("id", type=positive_id, help="delivery id")
+    add_tenant(show, on_subcommand=True)
     show.set_defaults(operator_command=show_delivery)
 
     p = sub.add_parser("replay", help="replay a delivery, or a destination's dead deliveries")
@@ -180,4 +185,5 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[..., None]) -
                    help="replay this destination's dead deliveries")
     p.add_argument("--since", metavar="TIME",
                    help="only those that died since TIME (RFC 3339, or a duration ago: 2h)")
+    add_tenant(p)
     p.set_defaults(operator_command=replay)

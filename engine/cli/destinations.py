@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.cli import output
-from engine.cli.parsing import add_json, positive_id
+from engine.cli.parsing import add_json, add_tenant, positive_id, tenant_path
 
 if TYPE_CHECKING:  # the API's modules load only when a command runs, not for `engine --help`
     from engine.cli.local_api import LocalApi
@@ -69,7 +69,7 @@ def _show(answer_body: bytes, as_json: bool, value: Any) -> int:
 
 
 def list_destinations(api: LocalApi, args: argparse.Namespace) -> int:
-    answer = api.check("GET", "/v1/destinations")
+    answer = api.check("GET", tenant_path(args, "/v1/destinations"))
     if args.json:
         output.print_json(answer.body)
     else:
@@ -78,7 +78,7 @@ def list_destinations(api: LocalApi, args: argparse.Namespace) -> int:
 
 
 def show_destination(api: LocalApi, args: argparse.Namespace) -> int:
-    answer = api.check("GET", f"/v1/destinations/{args.id}")
+    answer = api.check("GET", tenant_path(args, f"/v1/destinations/{args.id}"))
     return _show(answer.body, args.json, answer.json())
 
 
@@ -92,20 +92,20 @@ def create_destination(api: LocalApi, args: argparse.Namespace) -> int:
             body[name] = value
     if args.ordered:
         body["ordered"] = True
-    answer = api.check("POST", "/v1/destinations", body)
+    answer = api.check("POST", tenant_path(args, "/v1/destinations"), body)
     return _show(answer.body, args.json, answer.json())
 
 
 def _patch(change: dict[str, Any]) -> DestinationAction:
     def run(api: LocalApi, args: argparse.Namespace) -> int:
-        answer = api.check("PATCH", f"/v1/destinations/{args.id}", change)
+        answer = api.check("PATCH", tenant_path(args, f"/v1/destinations/{args.id}"), change)
         return _show(answer.body, args.json, answer.json())
 
     return run
 
 
 def delete_destination(api: LocalApi, args: argparse.Namespace) -> int:
-    api.check("DELETE", f"/v1/destinations/{args.id}")
+    api.check("DELETE", tenant_path(args, f"/v1/destinations/{args.id}"))
     if args.json:
         output.print_json(b'{"deleted": %d}' % args.id)
     else:
@@ -126,6 +126,7 @@ ACTIONS: dict[str, tuple[str, DestinationAction]] = {
 def register(sub: argparse._SubParsersAction, add_common: Callable[..., None]) -> None:
     parser = sub.add_parser("destinations", help="list, create, pause, resume, … destinations")
     add_common(parser)
+    add_tenant(parser)
     actions = parser.add_subparsers(dest="destinations_command", metavar="ACTION",
                                     required=True)
 
@@ -134,6 +135,7 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[..., None]) -
         p = actions.add_parser(name, help=help_text)
         add_common(p)
         add_json(p)
+        add_tenant(p, on_subcommand=True)
         if takes_id:
             p.add_argument("id", type=positive_id, help="destination id")
         p.set_defaults(operator_command=run)

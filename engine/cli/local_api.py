@@ -27,6 +27,7 @@ from engine.db.migrate import load_migrations, migrate, schema_version
 from engine.ingress.app import IngressApp
 
 CONNECT_TIMEOUT_S = 10
+_TENANTS_PREFIX = "/v1/tenants/"
 # msgspec says where a value failed as "… - at `$.max_in_flight`"; a person typed a flag.
 _AT_FIELD = re.compile(r"^(?P<message>.*) - at `\$\.(?P<field>[a-z_]+)(?P<rest>[^`]*)`$")
 _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[a-z_]+)`")
@@ -34,7 +35,8 @@ _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[a-z_]+)
 _FIELD_PREFIX = re.compile(r"^(?P<field>[a-z_]+): (?P<message>.*)$")
 # API names whose flag is not the name with dashes; `url` is the positional URL.
 FLAG_NAMES = {"destination_id": "--destination", "destination_ids": "--destination",
-              "url": "URL", "event_types": "--event-type", "type": "--type"}
+              "url": "URL", "event_types": "--event-type", "type": "--type",
+              "uid": "UID", "scopes": "--scope"}
 
 
 def _flag(field: str) -> str:
@@ -62,6 +64,14 @@ def flag_message(message: str) -> str:
     if match:
         return f"{_flag(match['field'])}: {match['message']}"
     return message
+
+
+def _tenant_of_path(path: str) -> tuple[str | None, str]:
+    """The tenant a /v1/tenants/T/… path names, and the path after it."""
+    if not path.startswith(_TENANTS_PREFIX):
+        return None, path
+    tenant, _, rest = path.removeprefix(_TENANTS_PREFIX).partition("/")
+    return tenant, rest
 
 
 class LocalApi:
@@ -99,7 +109,11 @@ class LocalApi:
         except (msgspec.DecodeError, KeyError, TypeError):
             message = f"the API answered {answer.status}"
         if answer.status == 404:
-            ident = next((part for part in path.split("/") if part.isdigit()), "?")
+            tenant, rest = _tenant_of_path(path)
+            if tenant is not None and message == "tenant not found":
+                raise CommandError(f"no tenant {tenant!r} (neither an id nor a uid): see"
+                                   " `engine tenants list`")
+            ident = next((part for part in rest.split("/") if part.isdigit()), "?")
             raise CommandError(f"{message} (id {ident})")
         raise CommandError(flag_message(message))
 

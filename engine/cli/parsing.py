@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import NoReturn
 
-from engine.ingress.schemas import MAX_ID
+from engine.ingress.schemas import MAX_ID, TENANT_UID_PATTERN
+
+_TENANT_UID = re.compile(TENANT_UID_PATTERN)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -28,3 +31,29 @@ def positive_id(text: str) -> int:
 def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print the API's JSON instead of a table")
+
+
+def tenant_reference(text: str) -> str:
+    """A tenant as the API takes it in a path: its id or its uid; refused here, not as a
+    path the API does not know."""
+    if not _TENANT_UID.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"not a tenant id or uid (1-64 of A-Z a-z 0-9 . _ : -): {text!r}")
+    return text
+
+
+def add_tenant(parser: argparse.ArgumentParser, *, on_subcommand: bool = False) -> None:
+    """--tenant T: the command acts on /v1/tenants/T/…; without it, the default tenant."""
+    # On an action after its command, SUPPRESS keeps an unset flag from overwriting one
+    # given before the action.
+    parser.add_argument("--tenant", type=tenant_reference, metavar="T",
+                        default=argparse.SUPPRESS if on_subcommand else None,
+                        help="the tenant's id or uid (default: the default tenant)")
+
+
+def tenant_path(args: argparse.Namespace, path: str) -> str:
+    """`path` (/v1/…) under /v1/tenants/T/ when --tenant T was given."""
+    tenant = getattr(args, "tenant", None)
+    if tenant is None:
+        return path
+    return f"/v1/tenants/{tenant}/" + path.removeprefix("/v1/")

@@ -4,10 +4,14 @@
 "use strict";
 
 const TOKEN_KEY = "engine.api_token";
+const TENANT_KEY = "engine.tenant";
 const REFRESH_MS = 5000;
 const main = document.getElementById("main");
 let current = null;  // {load, refresh}: the page shown, reloaded by the live refresh
 let busy = false;    // a confirmation or an edit is open: the refresh must not wipe it
+// False for a tenant key's console: /v1/tenants is the admin's, and the unscoped paths
+// already mean the key's own tenant.
+let tenantScoped = true;
 
 // ---- DOM helpers ---------------------------------------------------------------------
 
@@ -76,6 +80,25 @@ function destinationState(d) {
   return states;
 }
 
+// ---- Tenants: every view shows the selected tenant's objects -------------------------
+
+function tenant() { return sessionStorage.getItem(TENANT_KEY) || "default"; }
+
+// The API's tenant-scoped routes, asked for the selected tenant under /v1/tenants/{uid}/.
+const TENANT_SCOPED = /^\/v1\/(destinations|events|deliveries)(?=[/?]|$)/;
+
+function scoped(path) {
+  return tenantScoped && TENANT_SCOPED.test(path)
+    ? `/v1/tenants/${encodeURIComponent(tenant())}/${path.slice("/v1/".length)}` : path;
+}
+
+// "tenant acme" after a page's title: whose objects these are.
+function tenantNote() {
+  return tenantScoped ? el("span", { class: "tenant-note", id: "tenant-note" }, `tenant ${tenant()}`) : null;
+}
+
+function tenantCell(uid) { return el("td", { class: "tenant" }, uid); }
+
 // ---- API -----------------------------------------------------------------------------
 
 class Unauthorized extends Error {}
@@ -85,7 +108,7 @@ async function api(method, path, body) {
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers.authorization = `Bearer ${token}`;
   if (body !== undefined) headers["content-type"] = "application/json";
-  const response = await fetch(path, {
+  const response = await fetch(scoped(path), {
     method, headers, body: body === undefined ? undefined : JSON.stringify(body),
     cache: "no-store",
   });
@@ -94,7 +117,9 @@ async function api(method, path, body) {
   const data = text ? JSON.parse(text) : null;
   if (!response.ok) {
     const message = data && data.error ? data.error.message : `HTTP ${response.status}`;
-    throw new Error(message);
+    const error = new Error(message);
+    error.status = response.status;
+    throw error;
   }
   return data;
 }
@@ -120,8 +145,54 @@ document.getElementById("forget-token").addEventListener("click", () => {
   askToken("Enter the API token (ENGINE_API_TOKEN).");
 });
 
+// Every tenant, for the selector: pages of 1000 while `next` says there are more.
+async function allTenants() {
+  const tenants = [];
+  let after = null;
+  do {
+    const page = await api("GET", `/v1/tenants?limit=1000${after ? `&after=${encodeURIComponent(after)}` : ""}`);
+    tenants.push(...page.data);
+    after = page.next;
+  } while (after);
+  return tenants;
+}
+
+async function refreshTenantSelect() {
+  const select = document.getElementById("tenant-select");
+  let tenants;
+  try {
+    tenants = await allTenants();
+  } catch (error) {
+    if (error.status !== 403) throw error;
+    tenantScoped = false;  // a tenant key: no selector, its own tenant's paths
+    select.parentNode.hidden = true;
+    return;
+  }
+  tenantScoped = true;
+  select.parentNode.hidden = false;
+  // A tenant deleted since it was chosen: back to the default one.
+  if (!tenants.some(t => t.uid === tenant())) sessionStorage.removeItem(TENANT_KEY);
+  const chosen = tenant();
+  select.replaceChildren(...tenants.map(t => el("option", { value: t.uid, selected: t.uid === chosen },
+    t.name && t.name !== t.uid ? `${t.uid} (${t.name})` : t.uid)));
+}
+
+// Switch tenant: an object's page belongs to the tenant it was opened in, and a list's
+// filters name that tenant's objects, so the view goes to its plain list.
+function selectTenant(uid) {
+  sessionStorage.setItem(TENANT_KEY, uid);
+  const { page } = parseHash();
+  const list = { destination: "destinations", delivery: "deliveries", event: "events" }[page] || page;
+  const hash = `#/${list}`;
+  if (location.hash !== hash) location.hash = hash;
+  else route();
+}
+
+document.getElementById("tenant-select").addEventListener("change", event => selectTenant(event.target.value));
+
 async function run(page, first) {
   try {
+    if (first) await refreshTenantSelect();
     await page.load(first);
     document.getElementById("refreshed").textContent = `updated ${time(new Date())}`;
   } catch (error) {
@@ -187,6 +258,7 @@ const overview = {
     const down = o.destinations.filter(d => names.has(d.id) && names.get(d.id).breaker !== "closed");
     show(
       el("h1", {}, "Overview"),
+      el("p", { class: "muted" }, "Queue, attempts and warnings of every tenant; breakers of the selected tenant's destinations."),
       el("div", { class: "cards" },
         card("depth-pending", "pending", q.pending), card("depth-due", "due now", q.pending_due),
         card("depth-retrying", "retrying", q.retrying), card("depth-in_flight", "in flight", q.in_flight),
@@ -244,7 +316,12 @@ function secretNotice(d) {
 
 const destinations = {
   async load() {
-    const [list, o] = await Promise.all([api("GET", "/v1/destinations"), api("GET", "/v1/overview")]);
+    // The overview is the admin's: a tenant key's list goes without the per-destination numbers.
+    const overviewOrNone = api("GET", "/v1/overview").catch(error => {
+      if (error.status === 403) return { destinations: [] };
+      throw error;
+    });
+    const [list, o] = await Promise.all([api("GET", "/v1/destinations"), overviewOrNone]);
     const stats = new Map(o.destinations.map(d => [d.id, d]));
     const secretSlot = el("div", {});
     const onSecret = d => secretSlot.replaceChildren(secretNotice(d));
@@ -269,7 +346,7 @@ const destinations = {
       const s = stats.get(d.id) || { pending: 0, in_flight: 0, attempts: 0, succeeded: 0 };
       const rate = s.attempts ? `${(100 * s.succeeded / s.attempts).toFixed(1)} %` : "–";
       return el("tr", { "data-destination": d.id },
-        el("td", {}, el("a", { href: `#/destination/${d.id}` }, d.id)), el("td", {}, d.url),
+        el("td", {}, el("a", { href: `#/destination/${d.id}` }, d.id)), tenantCell(d.tenant), el("td", {}, d.url),
         el("td", { class: "state" }, destinationState(d)),
         el("td", { class: "num backlog" }, `${s.pending} / ${s.in_flight}`),
         el("td", { class: "num rate" }, rate), el("td", { class: "num" }, ms(s.p99_ms)),
@@ -277,12 +354,12 @@ const destinations = {
         el("td", { class: "actions" }, destinationActions(d, onSecret),
           el("a", { href: `#/deliveries?destination_id=${d.id}&status=dead` }, "dead deliveries")));
     });
-    show(el("h1", {}, "Destinations"), secretSlot, create,
-      table(["id", "url", "state", "pending / in flight#", "success 1h#", "p99 1h#", "last error 1h", ""], rows));
+    show(el("h1", {}, "Destinations ", tenantNote()), secretSlot, create,
+      table(["id", "tenant", "url", "state", "pending / in flight#", "success 1h#", "p99 1h#", "last error 1h", ""], rows));
   },
 };
 
-// console_pages.js adds the destination, deliveries and delivery pages (both files are
+// console_pages.js adds the destination, deliveries, delivery, events, event and tenants pages (both files are
 // classic scripts: their top-level names are shared) and starts the first route.
 const pages = { overview, destinations };
 
@@ -302,7 +379,8 @@ function route() {
   for (const link of document.querySelectorAll("header nav a")) {
     link.classList.toggle("active", link.dataset.page === page
       || (page === "destination" && link.dataset.page === "destinations")
-      || (page === "delivery" && link.dataset.page === "deliveries"));
+      || (page === "delivery" && link.dataset.page === "deliveries")
+      || (page === "event" && link.dataset.page === "events"));
   }
   return run(current, true);
 }

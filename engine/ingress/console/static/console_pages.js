@@ -1,5 +1,6 @@
 // The console's detail pages: one destination (stats, edit, bulk replay), the delivery log
-// (filters kept in the URL, keyset paging) and one delivery (payload, attempts, replay).
+// (filters kept in the URL, keyset paging), one delivery (payload, attempts, replay), the
+// events and one event, and the tenants with their backlogs.
 // Uses the helpers of console.js (classic scripts share their top-level names).
 "use strict";
 
@@ -142,6 +143,7 @@ pages.destination = id => ({
     show(
       el("h1", {}, `Destination ${d.id}`), secretSlot,
       el("dl", { class: "fields" },
+        el("dt", {}, "tenant"), el("dd", { id: "destination-tenant" }, d.tenant),
         el("dt", {}, "url"), el("dd", {}, d.url),
         el("dt", {}, "state"), el("dd", { id: "destination-state" }, destinationState(d)),
         el("dt", {}, "consecutive failures"), el("dd", {}, d.consecutive_failures),
@@ -176,7 +178,8 @@ function deliveriesHash(filters) {
 
 function deliveryRows(data) {
   return data.map(d => el("tr", { "data-delivery": d.id },
-    el("td", {}, el("a", { href: `#/delivery/${d.id}` }, d.id)), el("td", { class: "num" }, d.event_id),
+    el("td", {}, el("a", { href: `#/delivery/${d.id}` }, d.id)), tenantCell(d.tenant),
+    el("td", { class: "num" }, el("a", { href: `#/event/${d.event_id}` }, d.event_id)),
     el("td", {}, el("a", { href: `#/destination/${d.destination_id}` }, d.destination_id)),
     el("td", {}, el("span", { class: `badge s-${d.status}` }, d.status)), el("td", { class: "num" }, d.attempt),
     el("td", {}, d.status === "pending" ? time(d.next_attempt_at) : "–"),
@@ -211,8 +214,8 @@ pages.deliveries = (_, params) => ({
     const pager = el("div", { class: "pager" },
       params.get("after") ? el("a", { href: deliveriesHash(filters) }, "← newest") : null,
       page.next ? el("a", { href: deliveriesHash({ ...filters, after: page.next }), id: "older" }, "older →") : null);
-    show(el("h1", {}, "Deliveries"), form,
-      page.data.length ? table(["id", "event#", "destination", "status", "attempt#", "next attempt", "last error", "created"],
+    show(el("h1", {}, "Deliveries ", tenantNote()), form,
+      page.data.length ? table(["id", "tenant", "event#", "destination", "status", "attempt#", "next attempt", "last error", "created"],
         deliveryRows(page.data)) : el("p", { class: "muted" }, "No deliveries match."),
       pager);
   },
@@ -232,9 +235,10 @@ pages.delivery = id => ({
     show(
       el("h1", {}, `Delivery ${d.id}`),
       el("dl", { class: "fields" },
+        el("dt", {}, "tenant"), el("dd", { id: "delivery-tenant" }, d.tenant),
         el("dt", {}, "status"), el("dd", {}, el("span", { class: `badge s-${d.status}`, id: "delivery-status" }, d.status)),
         el("dt", {}, "destination"), el("dd", {}, el("a", { href: `#/destination/${d.destination_id}` }, d.destination_id)),
-        el("dt", {}, "event"), el("dd", {}, `${event.id} (${event.type})`),
+        el("dt", {}, "event"), el("dd", {}, el("a", { href: `#/event/${event.id}` }, event.id), ` (${event.type})`),
         el("dt", {}, "attempts made"), el("dd", {}, d.attempt),
         el("dt", {}, "next attempt"), el("dd", {}, d.status === "pending" ? time(d.next_attempt_at) : "–"),
         el("dt", {}, "last error"), el("dd", { class: "error" }, d.last_error || "–"),
@@ -244,6 +248,92 @@ pages.delivery = id => ({
       el("h2", {}, `Attempts (${d.attempts.length})`),
       d.attempts.length ? table(["attempt#", "started", "duration#", "status#", "error", "response body"], attempts)
         : el("p", { class: "muted" }, "No attempt yet."));
+  },
+});
+
+// A list page's hash: its query without the empty values.
+function listHash(page, values) {
+  const query = new URLSearchParams();
+  for (const [key, value] of Object.entries(values)) if (value) query.set(key, value);
+  const text = query.toString();
+  return `#/${page}${text ? `?${text}` : ""}`;
+}
+
+pages.events = (_, params) => ({
+  async load() {
+    const type = params.get("type") || "";
+    const query = new URLSearchParams({ limit: "50" });
+    if (type) query.set("type", type);
+    if (params.get("after")) query.set("after", params.get("after"));
+    const page = await api("GET", `/v1/events?${query}`);
+    const form = el("form", { class: "inline", id: "event-filters" },
+      el("label", {}, "type", el("input", { name: "type", value: type })),
+      el("button", { type: "submit" }, "Filter"), el("a", { href: "#/events" }, "clear"));
+    form.addEventListener("submit", event => {
+      event.preventDefault();
+      location.hash = listHash("events", { type: String(new FormData(form).get("type")).trim() });
+    });
+    const rows = page.data.map(e => el("tr", { "data-event": e.id },
+      el("td", {}, el("a", { href: `#/event/${e.id}` }, e.id)), tenantCell(e.tenant), el("td", {}, e.type),
+      el("td", { class: "num" }, e.delivery_count),
+      el("td", {}, e.ordering_key ?? "–"), el("td", {}, e.idempotency_key ?? "–"), el("td", {}, time(e.created_at))));
+    const pager = el("div", { class: "pager" },
+      params.get("after") ? el("a", { href: listHash("events", { type }) }, "← newest") : null,
+      page.next ? el("a", { href: listHash("events", { type, after: page.next }), id: "older" }, "older →") : null);
+    show(el("h1", {}, "Events ", tenantNote()), form,
+      rows.length ? table(["id", "tenant", "type", "deliveries#", "ordering key", "idempotency key", "created"], rows)
+        : el("p", { class: "muted" }, "No events match."),
+      pager);
+  },
+});
+
+pages.event = id => ({
+  async load() {
+    const e = await api("GET", `/v1/events/${id}`);
+    show(
+      el("h1", {}, `Event ${e.id}`),
+      el("dl", { class: "fields" },
+        el("dt", {}, "tenant"), el("dd", { id: "event-tenant" }, e.tenant),
+        el("dt", {}, "type"), el("dd", {}, e.type),
+        el("dt", {}, "ordering key"), el("dd", {}, e.ordering_key ?? "–"),
+        el("dt", {}, "idempotency key"), el("dd", {}, e.idempotency_key ?? "–"),
+        el("dt", {}, "created"), el("dd", {}, time(e.created_at))),
+      el("h2", {}, "Payload"), el("pre", { id: "payload" }, JSON.stringify(e.payload, null, 2)),
+      el("h2", {}, `Deliveries (${e.deliveries.length})`),
+      e.deliveries.length ? table(["id", "tenant", "event#", "destination", "status", "attempt#", "next attempt", "last error", "created"],
+        deliveryRows(e.deliveries)) : el("p", { class: "muted" }, "No deliveries: no destination took this event."));
+  },
+});
+
+function tenantLimits(t) {
+  const parts = [];
+  if (t.max_in_flight !== null) parts.push(`${t.max_in_flight} in flight`);
+  if (t.rate_limit !== null) parts.push(`${t.rate_limit}/s`);
+  return parts.length ? parts.join(", ") : "–";
+}
+
+// The tenants by id with their backlog now (GET /v1/tenants: the admin's), `next` paging.
+pages.tenants = (_, params) => ({
+  async load() {
+    const limit = params.get("limit") || "";
+    const query = new URLSearchParams({ limit: limit || "50" });
+    if (params.get("after")) query.set("after", params.get("after"));
+    const page = await api("GET", `/v1/tenants?${query}`);
+    const chosen = tenant();
+    const rows = page.data.map(t => el("tr", { "data-tenant": t.uid },
+      el("td", { class: "num" }, t.id), el("td", { class: "uid" }, t.uid), el("td", {}, t.name ?? "–"),
+      el("td", {}, t.disabled ? el("span", { class: "badge disabled" }, "disabled") : el("span", { class: "badge ok" }, "active")),
+      el("td", { class: "num pending" }, t.pending), el("td", { class: "num in-flight" }, t.in_flight),
+      el("td", {}, tenantLimits(t)), el("td", {}, time(t.created_at)),
+      el("td", {}, t.uid === chosen ? el("span", { class: "muted" }, "selected")
+        : el("button", { type: "button", class: "secondary", "data-action": "select-tenant",
+                         onclick: () => selectTenant(t.uid) }, "Select"))));
+    const pager = el("div", { class: "pager" },
+      params.get("after") ? el("a", { href: listHash("tenants", { limit }) }, "← first") : null,
+      page.next ? el("a", { href: listHash("tenants", { limit, after: page.next }), id: "next-tenants" }, "next →") : null);
+    show(el("h1", {}, "Tenants"),
+      el("p", { class: "muted" }, "Each tenant's backlog now: deliveries pending and being sent."),
+      table(["id#", "uid", "name", "state", "pending#", "in flight#", "limits", "created", ""], rows), pager);
   },
 });
 
