@@ -64,6 +64,7 @@ CREATE TABLE events (
 );
 CREATE INDEX events_created_at_idx ON events USING brin (created_at);
 CREATE INDEX events_created_id_idx ON events (created_at, id);
+CREATE UNIQUE INDEX events_idempotency_key_idx ON events (idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE INDEX events_tenant_created_idx ON events (tenant_id, created_at, id);
 CREATE UNIQUE INDEX events_tenant_idempotency_idx ON events (tenant_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE INDEX events_type_created_idx ON events (type, created_at, id);
