@@ -11,13 +11,13 @@
 -- big tables are built without blocking writes in 017_tenant_indexes.sql.
 --
 -- The four tables are locked first, in one statement, before any other work, and
--- lock_timeout is well under deadlock_timeout (1 s by default). Holding one table while
--- waiting for the next can close a cycle with a running engine transaction that holds the
--- next and reads the first (record_results.sql reads events, then waits for destinations):
--- with a 2 s lock_timeout the deadlock detector broke that cycle after 1 s, every session
--- of the engine stood still that long, and the engine's statement was the one cancelled
--- (the tenant-migration bench, twice in two runs). With 200 ms the migration gives up
--- first, releases what it holds, and is tried again; the engine sees a short wait, no error.
+-- lock_timeout is well under deadlock_timeout (1 s by default; docs/decisions/0027).
+-- Holding one table while waiting for the next can close a cycle with a running engine
+-- transaction that holds the next and reads the first (record_results.sql reads events,
+-- then waits for destinations): the deadlock detector would break it only after
+-- deadlock_timeout, with every engine session waiting meanwhile, and might cancel the
+-- engine's statement. Under it, the migration gives up first, releases what it holds, and
+-- is tried again; the engine sees a short wait, no error.
 --
 -- destinations and events keep the default 1: a write through an unscoped path with the
 -- admin token means `default` (SPEC, "Tenants and API keys"). The queue tables drop it
@@ -27,12 +27,12 @@
 -- The engine from before tenants keeps running on this schema until its host is restarted
 -- (README, "Upgrades and migrations": migrate, then restart hosts one at a time), and it
 -- names no tenant_id: its enqueue inserts deliveries and its result writes insert finished
--- deliveries without one. With NOT NULL and no default every such insert failed (the
--- tenant-migration bench: every POST after 016 answered 422, no delivery finished). So a
+-- deliveries without one. With NOT NULL and no default every such insert would fail, and
+-- the old engine would accept no event and finish no delivery (docs/decisions/0027). So a
 -- row inserted without a tenant takes its destination's (delivery_tenant_from_destination):
 -- a delivery's tenant is its destination's by construction (enqueue_events.sql fans out
--- within the tenant), the destination exists before the insert (an event inserted by the
--- same statement would not be visible to the trigger), and a delivery made by a new engine
+-- within the tenant), the destination exists before the insert (the event may be written
+-- by the same statement, enqueue_events.sql), and a delivery made by a new engine
 -- for another tenant and finished by an old one is filed under its own tenant, where a
 -- DEFAULT 1 would have filed it under `default`. The trigger fires only for such a row
 -- (WHEN ... IS NULL): the new engine's inserts, which name the tenant, do not call it.

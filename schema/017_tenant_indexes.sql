@@ -14,7 +14,8 @@
 -- running until its host is restarted, inserts events with ON CONFLICT (idempotency_key),
 -- and without a unique index on that column alone every one of its inserts fails, whatever
 -- the key ("no unique or exclusion constraint matching the ON CONFLICT specification").
--- It is dropped by a later step, once no engine from before tenants can be running.
+-- It is dropped by a later step, once no engine from before tenants can be running
+-- (docs/decisions/0027).
 DROP INDEX CONCURRENTLY IF EXISTS finished_deliveries_tenant_idx;
 CREATE INDEX CONCURRENTLY finished_deliveries_tenant_idx ON finished_deliveries (tenant_id, id);
 DROP INDEX CONCURRENTLY IF EXISTS events_tenant_created_idx;
