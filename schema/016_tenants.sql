@@ -10,11 +10,34 @@
 -- queueing every query of the running engine behind it. The indexes that would read the
 -- big tables are built without blocking writes in 017_tenant_indexes.sql.
 --
+-- The four tables are locked first, in one statement, before any other work, and
+-- lock_timeout is well under deadlock_timeout (1 s by default; docs/decisions/0028).
+-- Holding one table while waiting for the next can close a cycle with a running engine
+-- transaction that holds the next and reads the first (record_results.sql reads events,
+-- then waits for destinations): the deadlock detector would break it only after
+-- deadlock_timeout, with every engine session waiting meanwhile, and might cancel the
+-- engine's statement. Under it, the migration gives up first, releases what it holds, and
+-- is tried again; the engine sees a short wait, no error.
+--
 -- destinations and events keep the default 1: a write through an unscoped path with the
 -- admin token means `default` (SPEC, "Tenants and API keys"). The queue tables drop it
 -- once the existing rows have it: a delivery takes its tenant from its event, always
--- named, so a statement that forgot it fails instead of filing it under `default`.
-SET LOCAL lock_timeout = '2s';
+-- named, so a statement never files it under `default` by omission.
+--
+-- The engine from before tenants keeps running on this schema until its host is restarted
+-- (README, "Upgrades and migrations": migrate, then restart hosts one at a time), and it
+-- names no tenant_id: its enqueue inserts deliveries and its result writes insert finished
+-- deliveries without one. With NOT NULL and no default every such insert would fail, and
+-- the old engine would accept no event and finish no delivery (docs/decisions/0028). So a
+-- row inserted without a tenant takes its destination's (delivery_tenant_from_destination):
+-- a delivery's tenant is its destination's by construction (enqueue_events.sql fans out
+-- within the tenant), the destination exists before the insert (the event may be written
+-- by the same statement, enqueue_events.sql), and a delivery made by a new engine
+-- for another tenant and finished by an old one is filed under its own tenant, where a
+-- DEFAULT 1 would have filed it under `default`. The trigger fires only for such a row
+-- (WHEN ... IS NULL): the new engine's inserts, which name the tenant, do not call it.
+SET LOCAL lock_timeout = '200ms';
+LOCK TABLE destinations, events, deliveries, finished_deliveries IN ACCESS EXCLUSIVE MODE;
 
 CREATE TABLE tenants (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -67,6 +90,20 @@ ALTER TABLE deliveries ADD COLUMN tenant_id bigint NOT NULL DEFAULT 1;
 ALTER TABLE deliveries ALTER COLUMN tenant_id DROP DEFAULT;
 ALTER TABLE finished_deliveries ADD COLUMN tenant_id bigint NOT NULL DEFAULT 1;
 ALTER TABLE finished_deliveries ALTER COLUMN tenant_id DROP DEFAULT;
+
+CREATE FUNCTION delivery_tenant_from_destination() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT d.tenant_id INTO NEW.tenant_id FROM destinations d WHERE d.id = NEW.destination_id;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER deliveries_tenant_unnamed BEFORE INSERT ON deliveries
+    FOR EACH ROW WHEN (NEW.tenant_id IS NULL)
+    EXECUTE FUNCTION delivery_tenant_from_destination();
+CREATE TRIGGER finished_deliveries_tenant_unnamed BEFORE INSERT ON finished_deliveries
+    FOR EACH ROW WHEN (NEW.tenant_id IS NULL)
+    EXECUTE FUNCTION delivery_tenant_from_destination();
 
 -- destinations is small (one row per endpoint): built here.
 CREATE INDEX destinations_tenant_idx ON destinations (tenant_id, id) WHERE deleted_at IS NULL;

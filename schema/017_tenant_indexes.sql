@@ -16,7 +16,13 @@
 --   events_type_created_idx).
 -- events_tenant_idempotency_idx: an Idempotency-Key is one tenant's: another tenant using
 --   the same key is another request, and must not learn the key exists (409). Replaces
---   events_idempotency_key_idx.
+--   events_idempotency_key_idx, dropped last. While that index stood, a tenant reusing
+--   another's key was refused by it (a unique violation): the refusal told it the key
+--   exists. Dropping it ends the ingress of an engine from before tenants still running
+--   (its inserts name ON CONFLICT (idempotency_key), which needs that index): such a host
+--   refuses events from here until it is restarted on this version, as the README's
+--   upgrade steps say; its workers keep delivering (016's trigger files what they write).
+--   Isolation between tenants is the property kept (docs/decisions/0028).
 DROP INDEX CONCURRENTLY IF EXISTS finished_deliveries_tenant_idx;
 CREATE INDEX CONCURRENTLY finished_deliveries_tenant_idx ON finished_deliveries (tenant_id, id);
 DROP INDEX CONCURRENTLY IF EXISTS finished_deliveries_tenant_dead_idx;

@@ -114,3 +114,32 @@ def test_attempt_durations_render_as_a_histogram_observed_per_value(
     assert counts(rendered) == pytest.approx(counts(generate_latest(public_registry)))
     assert b"# TYPE engine_attempt_duration_seconds histogram" in rendered
     assert metrics.ATTEMPT_BUCKET_COUNTER.encode() not in rendered
+
+
+def test_tenant_backlog_series_are_bounded(dsn: str, conn: psycopg.Connection) -> None:
+    # 50 tenants with backlogs of 1 ... 50 deliveries; the one with 45 is named `other`.
+    sizes = {("other" if n == 45 else f"tenant-{n:02d}"): n for n in range(1, 51)}
+    events = []
+    for uid, size in sizes.items():
+        row = conn.execute("INSERT INTO tenants (uid) VALUES (%s) RETURNING id", [uid]).fetchone()
+        assert row is not None
+        destination = add_destination(conn, url=f"http://127.0.0.1:9/{uid}", tenant_id=row[0])
+        events += [EventIn("t", "{}", [destination], tenant_id=row[0]) for _ in range(size)]
+    with conn.transaction():
+        queue_sync.enqueue_events(conn, events)
+    claimed = queue_sync.claim_batch(conn, "w", 30, LEASE_MS)
+    found = samples(metrics.render(dsn))
+    series = {dict(labels)["tenant"]: {} for name, labels in found
+              if name == "engine_tenant_backlog"}
+    for (name, labels), value in found.items():
+        if name == "engine_tenant_backlog":
+            series[dict(labels)["tenant"]][dict(labels)["status"]] = value
+    assert len(series) <= metrics.TENANT_SERIES + 1
+    largest = sorted(sizes, key=sizes.__getitem__, reverse=True)[:metrics.TENANT_SERIES]
+    assert set(series) == {*largest, metrics.OTHER_TENANTS}
+    assert "other" in series  # a tenant named so is its own series, not the rest's
+    for uid in largest:
+        assert series[uid]["pending"] + series[uid]["in_flight"] == sizes[uid]
+    rest = sum(sizes.values()) - sum(sizes[uid] for uid in largest)
+    assert sum(series[metrics.OTHER_TENANTS].values()) == rest
+    assert sum(s["in_flight"] for s in series.values()) == len(claimed) == 30

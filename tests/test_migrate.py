@@ -150,3 +150,149 @@ def test_migrate_command_reports_what_it_did(
     assert f"schema at version {last.version} ({last.name})" in out
     assert main(["--dsn", empty_dsn, "migrate"]) == 0
     assert "up to date, nothing applied" in capsys.readouterr().out
+
+
+def schema_up_to(tmp_path: Path, version: int, files: dict[str, str] | None = None) -> Path:
+    """A schema folder holding the real migrations up to `version`, plus `files`."""
+    folder = tmp_path / f"schema_{version}"
+    folder.mkdir()
+    for m in load_migrations()[:version]:
+        shutil.copy(SCHEMA_DIR / f"{m.name}.sql", folder / f"{m.name}.sql")
+    for name, text in (files or {}).items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def index_state(dsn: str, name: str) -> tuple[bool, bool] | None:
+    """(valid, ready) of an index, None if there is none."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT i.indisvalid, i.indisready FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = %s", (name,)).fetchone()
+    return None if row is None else (bool(row[0]), bool(row[1]))
+
+
+def test_a_no_transaction_migration_applies_and_runs_again_after_failing_midway(
+    empty_dsn: str, tmp_path: Path
+) -> None:
+    migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE codes (code text)")
+        conn.execute("INSERT INTO codes VALUES ('a'), ('b'), ('b')")
+    n = next_number()
+    # As schema/017: each index dropped first, so a build cut short is built again.
+    folder = schema_with(tmp_path, {f"{n:03d}_codes_unique.sql": (
+        "-- engine: no transaction\n"
+        "-- Each statement in autocommit: CREATE INDEX CONCURRENTLY cannot run in a"
+        " transaction.\n"
+        "DROP INDEX CONCURRENTLY IF EXISTS codes_plain_idx;\n"
+        "CREATE INDEX CONCURRENTLY codes_plain_idx ON codes (code);\n"
+        "DROP INDEX CONCURRENTLY IF EXISTS codes_unique_idx;\n"
+        "CREATE UNIQUE INDEX CONCURRENTLY codes_unique_idx ON codes (code);\n"
+    )})
+    # The duplicate 'b' fails the second build midway: the first index is built and stays,
+    # the second is left behind invalid, and the file is not recorded.
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        migrate(empty_dsn, folder)
+    assert applied_rows(empty_dsn)[-1][0] == n - 1
+    assert index_state(empty_dsn, "codes_plain_idx") == (True, True)
+    left = index_state(empty_dsn, "codes_unique_idx")
+    assert left is not None and not left[0]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM codes WHERE ctid = (SELECT max(ctid) FROM codes"
+                     " WHERE code = 'b')")
+    # Run again from the start: it applies, is recorded, and both indexes are valid.
+    assert migrate(empty_dsn, folder) == [f"{n:03d}_codes_unique"]
+    assert applied_rows(empty_dsn)[-1] == (n, f"{n:03d}_codes_unique")
+    assert index_state(empty_dsn, "codes_plain_idx") == (True, True)
+    assert index_state(empty_dsn, "codes_unique_idx") == (True, True)
+    assert migrate(empty_dsn, folder) == []
+
+
+def test_a_migration_whose_lock_timeout_fires_is_tried_again(
+    empty_dsn: str, tmp_path: Path
+) -> None:
+    migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE busy (id int)")
+    n = next_number()
+    folder = schema_with(tmp_path, {f"{n:03d}_busy_column.sql": (
+        "SET LOCAL lock_timeout = '100ms';\n"
+        "ALTER TABLE busy ADD COLUMN note text;\n"
+    )})
+    gave_up: list[tuple[str, int]] = []
+    with psycopg.connect(empty_dsn) as holder:
+        # Another session's open transaction holds a lock on the table for a while.
+        holder.execute("LOCK TABLE busy IN ACCESS SHARE MODE")
+        release = threading.Timer(1.2, holder.rollback)
+        release.start()
+        try:
+            applied = migrate(empty_dsn, folder, gave_up_waiting=lambda name, attempt:
+                              gave_up.append((name, attempt)))
+        finally:
+            release.join()
+    assert applied == [f"{n:03d}_busy_column"]
+    assert gave_up and gave_up[0] == (f"{n:03d}_busy_column", 1)
+    assert applied_rows(empty_dsn)[-1] == (n, f"{n:03d}_busy_column")
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT note FROM busy").fetchall() == []
+
+
+def test_tenants_migration_puts_existing_rows_in_default(
+    empty_dsn: str, tmp_path: Path
+) -> None:
+    """schema/016 and 017 on a database at 015 with rows of every kind: all of them read
+    tenant 1, `default`; and the engine from before tenants, still running, can write."""
+    migrate(empty_dsn, schema_up_to(tmp_path, 15))
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        dest = conn.execute("INSERT INTO destinations (url, secret) VALUES"
+                            " ('http://127.0.0.1:9/a', 's') RETURNING id").fetchone()[0]
+        conn.execute("INSERT INTO events (type, payload, delivery_count, idempotency_key)"
+                     " SELECT 't', '{}', 1, 'key-' || g FROM generate_series(1, 40) g")
+        conn.execute("INSERT INTO deliveries (event_id, destination_id)"
+                     " SELECT id, %s FROM events WHERE id <= 20", [dest])
+        conn.execute("UPDATE deliveries SET status = 'in_flight', locked_by = 'w',"
+                     " locked_until = now() WHERE id <= 5")
+        conn.execute(
+            "INSERT INTO finished_deliveries (id, event_id, destination_id, status, attempt,"
+            " next_attempt_at, created_at) SELECT nextval('delivery_id_seq'), id, %s,"
+            " CASE WHEN id %% 2 = 0 THEN 'delivered' ELSE 'dead' END::delivery_status, 1,"
+            " now(), now() FROM events WHERE id > 20", [dest])
+    assert migrate(empty_dsn) == ["016_tenants", "017_tenant_indexes"]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        counts = conn.execute(
+            "SELECT (SELECT count(*) FILTER (WHERE tenant_id = 1) || '/' || count(*)"
+            "          FROM destinations),"
+            "       (SELECT count(*) FILTER (WHERE tenant_id = 1) || '/' || count(*) FROM events),"
+            "       (SELECT count(*) FILTER (WHERE tenant_id = 1) || '/' || count(*)"
+            "          FROM deliveries),"
+            "       (SELECT count(*) FILTER (WHERE tenant_id = 1) || '/' || count(*)"
+            "          FROM finished_deliveries)").fetchone()
+        assert counts == ("1/1", "40/40", "20/20", "20/20")
+        assert conn.execute("SELECT id, uid FROM tenants").fetchall() == [(1, "default")]
+        # The engine from before tenants names no tenant_id (its enqueue and result
+        # statements, a74506b): its rows take their destination's tenant ...
+        other = conn.execute("INSERT INTO tenants (uid) VALUES ('b') RETURNING id").fetchone()[0]
+        theirs = conn.execute("INSERT INTO destinations (url, secret, tenant_id) VALUES"
+                              " ('http://127.0.0.1:9/b', 's', %s) RETURNING id",
+                              [other]).fetchone()[0]
+        conn.execute("INSERT INTO deliveries (event_id, destination_id) VALUES (1, %s), (2, %s)",
+                     [dest, theirs])
+        conn.execute("INSERT INTO finished_deliveries (id, event_id, destination_id, status,"
+                     " attempt, next_attempt_at, created_at) VALUES"
+                     " (nextval('delivery_id_seq'), 3, %s, 'delivered', 1, now(), now())",
+                     [theirs])
+        assert conn.execute(
+            "SELECT destination_id, tenant_id FROM delivery_rows WHERE id > 40"
+            " ORDER BY id").fetchall() == [(dest, 1), (theirs, other), (theirs, other)]
+        # An Idempotency-Key is now one tenant's: another tenant may use the same key
+        # (the old index, unique across tenants, is gone: docs/decisions/0028).
+        assert conn.execute(
+            "INSERT INTO events (type, payload, delivery_count, idempotency_key, tenant_id)"
+            " VALUES ('t', '{}', 0, 'key-1', 1), ('t', '{}', 0, 'key-1', %s)"
+            " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL"
+            " DO NOTHING RETURNING tenant_id", [other]).fetchall() == [(other,)]
+    for index in ("finished_deliveries_tenant_idx", "events_tenant_created_idx",
+                  "events_tenant_idempotency_idx"):
+        assert index_state(empty_dsn, index) == (True, True), index
+    assert index_state(empty_dsn, "events_idempotency_key_idx") is None

@@ -11,7 +11,7 @@ import psycopg
 
 from engine.db import queue
 from engine.db.queue import EventIn, Result
-from engine.observe.status import EXPIRED_IN_FLIGHT_WARN, collect_status
+from engine.observe.status import EXPIRED_IN_FLIGHT_WARN, collect_status, to_json, to_text
 from tests.kit import queue_sync
 from tests.kit.data import LEASE_MS, add_destination, now
 
@@ -124,3 +124,46 @@ def test_cli_json_and_text(dsn: str, conn: psycopg.Connection) -> None:
     text = subprocess.run([*ENGINE, "status", "--dsn", dsn], capture_output=True, text=True,
                           timeout=60, check=True).stdout
     assert "10 in flight (2 expired)" in text and "WARNING: destination" in text
+
+
+def add_tenants_with_backlogs(conn: psycopg.Connection, sizes: dict[str, int]) -> dict[str, int]:
+    """One tenant per uid with a destination of its own and `sizes[uid]` pending
+    deliveries to it; returns each uid's tenant id."""
+    ids: dict[str, int] = {}
+    events = []
+    for uid, size in sizes.items():
+        row = conn.execute("INSERT INTO tenants (uid) VALUES (%s) RETURNING id", [uid]).fetchone()
+        assert row is not None
+        ids[uid] = int(row[0])
+        destination = add_destination(conn, url=f"http://127.0.0.1:9/{uid}", tenant_id=ids[uid])
+        events += [EventIn("t", "{}", [destination], tenant_id=ids[uid]) for _ in range(size)]
+    with conn.transaction():
+        queue_sync.enqueue_events(conn, events)
+    return ids
+
+
+def test_tenants_with_the_largest_backlogs(conn: psycopg.Connection) -> None:
+    # Twelve tenants, t01 with 1 delivery ... t12 with 12; `default` has none.
+    ids = add_tenants_with_backlogs(conn, {f"t{i:02d}": i for i in range(1, 13)})
+    claimed = queue_sync.claim_batch(conn, "w", 20, LEASE_MS)
+    conn.execute("UPDATE deliveries SET next_attempt_at = now() - interval '5 minutes'"
+                 " WHERE tenant_id = %s AND status = 'pending'", [ids["t10"]])
+    status = collect_status(conn)
+    tenants = status["tenants"]
+    by_sql = {uid: (int(p), int(f)) for uid, p, f in conn.execute(
+        "SELECT t.uid, count(*) FILTER (WHERE d.status = 'pending'),"
+        " count(*) FILTER (WHERE d.status = 'in_flight')"
+        " FROM deliveries d JOIN tenants t ON t.id = d.tenant_id GROUP BY t.uid").fetchall()}
+    assert sum(f for _, f in by_sql.values()) == len(claimed) == 20
+    # The ten largest backlogs, largest first: t12 ... t03; t02, t01 and default left out.
+    assert [t["uid"] for t in tenants] == [f"t{i:02d}" for i in range(12, 2, -1)]
+    for t in tenants:
+        assert (t["pending"], t["in_flight"]) == by_sql[t["uid"]]
+        assert t["id"] == ids[t["uid"]]
+    # Its oldest due delivery waited 5 minutes past its due time; t11's are due about now.
+    assert by_sql["t10"][0] > 0
+    assert 290 <= tenants[2]["oldest_due_age_s"] < 400
+    assert tenants[1]["uid"] == "t11" and tenants[1]["oldest_due_age_s"] < 60
+    text = to_text(status)
+    assert "t12" in text and "t02 " not in text
+    assert json.loads(to_json(status))["tenants"][0]["uid"] == "t12"

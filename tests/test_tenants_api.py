@@ -296,13 +296,14 @@ def test_a_key_check_costs_no_query_per_request(api: IngressProcess, db: psycopg
         return int(row[0])
 
     before, started = commits(), time.monotonic()
-    for _ in range(300):
+    for _ in range(400):
         assert as_key(api, key, "GET", "/openapi.json").status == 200
     time.sleep(1)  # statistics are reported with a delay
     elapsed = time.monotonic() - started
     spent = commits() - before
-    # Refreshes: one query per 250 ms, plus this test's own two.
-    assert spent <= elapsed * 4 + 10, f"{spent} transactions for 300 requests in {elapsed:.1f} s"
+    # The key ring's refreshes (4 a second) and the process's other timers, whatever the
+    # machine's speed: far fewer than one per request.
+    assert spent < 100, f"{spent} transactions for 400 requests in {elapsed:.1f} s"
 
 
 def test_every_timestamp_is_declared_date_time(api: IngressProcess) -> None:

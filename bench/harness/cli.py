@@ -86,6 +86,9 @@ SCENARIOS: dict[str, Scenario] = {
                         "peers"),
     "ingress": OwnOptions("accept latency and ceilings against pgbench (locust and wrk)",
                           "ingress"),
+    "tenant-migration": OwnOptions(
+        "tenants' migrations on 1,000,000 finished deliveries under the engine before them",
+        "tenant_migration"),
     "gate": OwnOptions("CI's gate: a small drain's CPU per delivery against bench/baseline.json",
                        "gate"),
 }

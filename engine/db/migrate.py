@@ -33,7 +33,11 @@ _FILE_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 # step: it is never applied.
 _NOT_A_MIGRATION = "current.sql"
 NO_TRANSACTION = "-- engine: no transaction"
-LOCK_ATTEMPTS = 5
+# A migration whose lock_timeout fired is tried again after attempt x LOCK_PAUSE_S: its
+# lock_timeout is short (it must give up before the deadlock detector picks a running
+# engine's statement to cancel, schema/016_tenants.sql), so a busy moment costs a try.
+LOCK_ATTEMPTS = 10
+LOCK_PAUSE_S = 0.5
 LOCK_RETRY_S = 0.05
 
 
@@ -66,9 +70,11 @@ def load_migrations(schema_dir: Path = SCHEMA_DIR) -> list[Migration]:
 def migrate(
     dsn: str, schema_dir: Path = SCHEMA_DIR,
     progress: Callable[[str, float], None] | None = None,
+    gave_up_waiting: Callable[[str, int], None] | None = None,
 ) -> list[str]:
     """Apply pending migrations; return the names applied (empty when up to date).
-    `progress(name, seconds)` is called after each file is committed."""
+    `progress(name, seconds)` is called after each file is committed,
+    `gave_up_waiting(name, attempt)` each time a file's lock_timeout fired."""
     migrations = load_migrations(schema_dir)
     applied_now: list[str] = []
     lock = LockKeyParams(lock_key=MIGRATION_LOCK_KEY)
@@ -89,7 +95,7 @@ def migrate(
                 if migration.version <= current:
                     continue
                 started = time.perf_counter()
-                _apply(conn, migration)
+                _apply(conn, migration, gave_up_waiting)
                 applied_now.append(migration.name)
                 if progress is not None:
                     progress(migration.name, time.perf_counter() - started)
@@ -98,7 +104,8 @@ def migrate(
     return applied_now
 
 
-def _apply(conn: psycopg.Connection, migration: Migration) -> None:
+def _apply(conn: psycopg.Connection, migration: Migration,
+           gave_up_waiting: Callable[[str, int], None] | None) -> None:
     record = MigrationsRecordParams(version=migration.version, name=migration.name)
     for attempt in range(1, LOCK_ATTEMPTS + 1):
         try:
@@ -112,9 +119,11 @@ def _apply(conn: psycopg.Connection, migration: Migration) -> None:
                     queries.MIGRATIONS_RECORD.run_sync(conn, record)
             return
         except psycopg.errors.LockNotAvailable:
+            if gave_up_waiting is not None:
+                gave_up_waiting(migration.name, attempt)
             if attempt == LOCK_ATTEMPTS:
                 raise
-            time.sleep(attempt)
+            time.sleep(attempt * LOCK_PAUSE_S)
 
 
 def _statements(sql: str) -> list[str]:

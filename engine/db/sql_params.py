@@ -126,6 +126,10 @@ class StatusDestinationsParams(NamedTuple):
     top_n: int
 
 
+class TenantTopParams(NamedTuple):
+    top_n: int
+
+
 class ConsoleDestinationWindowParams(NamedTuple):
     window_seconds: float
 

@@ -39,12 +39,18 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector
 
 from engine.db import queries
+from engine.db.sql_params import TenantTopParams
 from engine.domain import Result
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 DELIVERY_STATUSES = ("pending", "in_flight")
 BREAKER_STATES = ("closed", "open", "half_open")
+# /metrics labels the backlog by tenant for this many tenants, the largest backlogs; the
+# rest are summed under OTHER_TENANTS, which no uid can be (a uid has no parentheses,
+# schema/016_tenants.sql), so a tenant named "other" stays its own series.
+TENANT_SERIES = 10
+OTHER_TENANTS = "(other)"
 
 # Attempt latency spans loopback (ms) to a timed-out request (tens of seconds).
 ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -220,12 +226,15 @@ class DatabaseCollector(Collector):
             with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
                 queries.SCRAPE_STATEMENT_TIMEOUT.run_sync(conn)
                 rows = queries.METRICS_GAUGES.run_sync(conn).fetchall()
+                tenants = queries.METRICS_TENANT_BACKLOG.run_sync(
+                    conn, TenantTopParams(top_n=TENANT_SERIES)).fetchall()
         except psycopg.Error:
             # A scrape still answers (process metrics are worth having in an outage).
             yield GaugeMetricFamily("engine_database_up", "Database reachable", value=0)
             return
         yield GaugeMetricFamily("engine_database_up", "Database reachable", value=1)
         yield from database_families(rows)
+        yield tenant_backlog_family(tenants)
 
 
 def database_families(rows: list[tuple[str, str, float]]) -> Iterator[GaugeMetricFamily]:
@@ -265,6 +274,28 @@ def database_families(rows: list[tuple[str, str, float]]) -> Iterator[GaugeMetri
     for table, count in sorted(dead_tuples.items()):
         family.add_metric([table], count)
     yield family
+
+
+def tenant_backlog_family(rows: list[tuple[str | None, float, float]]) -> GaugeMetricFamily:
+    """engine_tenant_backlog{tenant, status}: the TENANT_SERIES tenants with the largest
+    backlogs by uid, the rest summed under OTHER_TENANTS (always present, 0 when nobody else has
+    a backlog): at most TENANT_SERIES + 1 tenant label values, however many tenants."""
+    family = GaugeMetricFamily(
+        "engine_tenant_backlog",
+        f"Deliveries in the hot queue by status of the {TENANT_SERIES} tenants with the"
+        f" largest backlogs; every other tenant under tenant=\"{OTHER_TENANTS}\"",
+        labels=["tenant", "status"],
+    )
+    other = {"pending": 0.0, "in_flight": 0.0}
+    for uid, pending, in_flight in rows:
+        if uid is None:
+            other = {"pending": pending, "in_flight": in_flight}
+            continue
+        family.add_metric([uid, "pending"], pending)
+        family.add_metric([uid, "in_flight"], in_flight)
+    for status, count in other.items():
+        family.add_metric([OTHER_TENANTS, status], count)
+    return family
 
 
 def render(dsn: str | None, local: Collector | None = None) -> bytes:

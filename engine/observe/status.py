@@ -13,9 +13,10 @@ from psycopg.rows import dict_row
 
 from engine.db import queries
 from engine.db.queries import Statement
-from engine.db.sql_params import StatusDestinationsParams
+from engine.db.sql_params import StatusDestinationsParams, TenantTopParams
 
 TOP_DESTINATIONS = 10
+TOP_TENANTS = 10
 # Warning thresholds.
 EXPIRED_IN_FLIGHT_WARN = 100  # expired claims still in flight: the reaper is not keeping up
 OPEN_FOR_HOURS_S = 3600.0
@@ -43,6 +44,7 @@ def collect_status(conn: psycopg.Connection, top: int = TOP_DESTINATIONS) -> dic
         queue = {**_rows(conn, queries.STATUS_QUEUE)[0], **_rows(conn, queries.STATUS_FANOUT)[0]}
         breakers = _rows(conn, queries.STATUS_BREAKERS)[0]
         destinations = _rows(conn, queries.STATUS_DESTINATIONS, StatusDestinationsParams(top_n=top))
+        tenants = _rows(conn, queries.STATUS_TENANTS, TenantTopParams(top_n=TOP_TENANTS))
         tables = _rows(conn, queries.STATUS_TABLES)
         indexes = _rows(conn, queries.STATUS_INDEXES)
         server_settings = _rows(conn, queries.STATUS_SETTINGS)[0]
@@ -59,6 +61,7 @@ def collect_status(conn: psycopg.Connection, top: int = TOP_DESTINATIONS) -> dic
         "queue": queue,
         "breakers": breakers,
         "destinations": destinations,
+        "tenants": tenants,
         "tables": tables,
         "indexes": indexes,
         "pg_stat_statements": statements,
@@ -210,6 +213,10 @@ def to_text(status: dict[str, Any]) -> str:
             f"{d['id']:<12} {d['pending']:>8} {d['in_flight']:>9} {d['breaker']:<9}"
             f" {d['consecutive_failures']:>5}  {', '.join(state)}  {d['url']}"
         )
+    lines += ["", f"{'tenant':<24} {'pending':>8} {'in flight':>9}  oldest due waiting"]
+    for t in status["tenants"]:
+        lines.append(f"{t['uid']:<24} {t['pending']:>8} {t['in_flight']:>9}"
+                     f"  {_age(t['oldest_due_age_s'])}")
     lines += ["", f"{'table':<20} {'total':>9} {'table':>9} {'indexes':>9} {'live':>10}"
               f" {'dead':>9}  last autovacuum / vacuum / autoanalyze"]
     for t in status["tables"]:
