@@ -775,6 +775,7 @@ def check_filters(world: World, case: Case, answer: Answer, what: str) -> None:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.pg_versions
 def test_every_route_with_another_tenants_ids_reveals_and_changes_nothing(world: World
                                                                          ) -> None:
     exercised: set[str] = set()
@@ -827,26 +828,29 @@ def test_the_console_carries_no_tenant_data(world: World) -> None:
 
 
 class Cli:
-    def __init__(self, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    def __init__(self, dsn: str, capsys: pytest.CaptureFixture[str],
+                 scope: tuple[str, ...] = ()) -> None:
         self.dsn = dsn
         self.capsys = capsys
+        self.scope = scope  # ("--tenant", uid) on every command, or nothing
 
     def run(self, *argv: str) -> tuple[int, str, str]:
         self.capsys.readouterr()
         try:
-            code = cli_main([*argv, "--dsn", self.dsn])
+            code = cli_main([*argv, *self.scope, "--dsn", self.dsn])
         except SystemExit as exc:
             code = int(exc.code or 0)
         out, err = self.capsys.readouterr()
         return code, out, err
 
 
+@pytest.mark.parametrize("scoped", [False, True], ids=["default", "tenant_a"])
 def test_operator_commands_do_not_reach_another_tenants_objects(
-    world: World, module_dsn: str, capsys: pytest.CaptureFixture[str],
+    world: World, module_dsn: str, capsys: pytest.CaptureFixture[str], scoped: bool,
 ) -> None:
-    """The operator commands act as the admin on `default`: B's objects are not found,
-    and none of B's data is printed."""
-    cli = Cli(module_dsn, capsys)
+    """The operator commands act as the admin on `default`, or on A with `--tenant A`:
+    B's objects are not found, and none of B's data is printed."""
+    cli = Cli(module_dsn, capsys, ("--tenant", world.a.uid) if scoped else ())
     b = world.b
     # B's first destination through every action, the others through show, pause and
     # delete; B's deliveries as delivered, dead, in flight and pending.
