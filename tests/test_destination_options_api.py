@@ -64,6 +64,7 @@ def test_options_are_stored_shown_and_patched(api: IngressProcess) -> None:
     ({"headers": {"X-A": "x" * 1025}}, "headers"),
     ({"headers": {"X-A": "café"}}, "printable ASCII"),
     ({"headers": {"Bad Name": "v"}}, "headers"),
+    ({"headers": {"X-A\n": "v"}}, "headers"),
     ({"headers": {"X-A": "1", "x-a": "2"}}, "given twice"),
     ({"headers": {f"X-{i}": "v" for i in range(21)}}, "headers"),
     ({"headers": {"X-A": 1}}, "headers"),

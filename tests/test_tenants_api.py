@@ -175,11 +175,24 @@ def test_other_tenants_paths_and_objects_are_404(api: IngressProcess) -> None:
 
 @pytest.mark.parametrize(("uid", "why"), [
     ("", "uid"), ("a" * 65, "uid"), ("has space", "uid"), ("sl/ash", "uid"), ("é", "uid"),
+    ("trailing-newline\n", "uid"),
 ])
 def test_bad_uids_are_refused(api: IngressProcess, db: psycopg.Connection, uid: str,
                               why: str) -> None:
     assert_error(api.request("POST", "/v1/tenants", {"uid": uid}), 422, why)
     assert count(db, "tenants") == 1
+
+
+@pytest.mark.parametrize("metadata", [{"a": "\x00"}, {"\x00": 1}, {"a": [[{"b": "x\x00y"}]]}])
+def test_metadata_with_nul_is_refused(api: IngressProcess, db: psycopg.Connection,
+                                      metadata: dict) -> None:
+    assert_error(api.request("POST", "/v1/tenants", {"uid": "a", "metadata": metadata}),
+                 422, "NUL")
+    assert_error(api.request("PATCH", "/v1/tenants/default", {"metadata": metadata}),
+                 422, "NUL")
+    assert count(db, "tenants") == 1
+    # A backslash followed by "u0000" is text, not NUL.
+    assert make_tenant(api, "b", metadata={"a": "\\u0000"})["metadata"] == {"a": "\\u0000"}
 
 
 def test_a_duplicate_uid_is_409(api: IngressProcess, db: psycopg.Connection) -> None:

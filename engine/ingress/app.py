@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 # A batch carries up to 1000 events: its body may be this many times the per-request
 # limit, while each event's payload still keeps to the limit itself.
 BATCH_BODY_FACTOR = 32
-_TENANT_REFERENCE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_TENANT_REFERENCE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _TENANTS_PREFIX = "/v1/tenants/"
 
 
@@ -137,7 +137,7 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi):
         if not path.startswith(_TENANTS_PREFIX):
             return (*self._match(path, scope["method"]), None)
         reference, _, rest = path.removeprefix(_TENANTS_PREFIX).partition("/")
-        if not _TENANT_REFERENCE.match(reference):
+        if not _TENANT_REFERENCE.fullmatch(reference):
             raise errors.not_found("path")
         if rest == "" or rest == "keys" or rest.startswith("keys/"):
             inner = TENANT_PATH + ("/" + rest if rest else "")

@@ -19,6 +19,15 @@ MAX_LIST_LIMIT = 1000
 DEFAULT_LIST_LIMIT = 100
 MAX_IN_FLIGHT_CAP = 10_000
 
+
+def whole(body: str) -> str:
+    """A pattern matching whole strings only, in Python (msgspec checks requests with re)
+    and in JSON Schema (/openapi.json) alike: Python's `$` also matches before a final
+    newline, so `^x$` would let "x\\n" through to a CHECK constraint or a header line;
+    `(?!\\n)$` is the end of the string in both."""
+    return f"^{body}(?!\\n)$"
+
+
 _NO_NUL = "^[^\\x00]*$"
 Id = Annotated[int, Meta(ge=1, le=MAX_ID)]
 Name = Annotated[str, Meta(min_length=1, max_length=256, pattern=_NO_NUL)]
@@ -31,7 +40,7 @@ Secret = Annotated[
     str,
     Meta(
         max_length=512,
-        pattern="^whsec_(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)$",
+        pattern=whole("whsec_(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)"),
     ),
 ]
 EventTypes = Annotated[list[Name], Meta(max_length=1000)]
@@ -40,7 +49,7 @@ MaxInFlight = Annotated[int, Meta(ge=1, le=MAX_IN_FLIGHT_CAP)]
 TimeoutMs = Annotated[int, Meta(ge=1, le=2**31 - 1)]
 # Per-destination options (engine/webhooks/destination_options.py checks what a schema cannot say:
 # refused header names, CR/LF, value bytes, a non-decreasing schedule).
-HeaderName = Annotated[str, Meta(pattern="^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")]
+HeaderName = Annotated[str, Meta(pattern=whole("[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}"))]
 HeaderValue = Annotated[str, Meta(max_length=1024)]
 Headers = Annotated[
     dict[HeaderName, HeaderValue],
@@ -323,7 +332,7 @@ class Overview(msgspec.Struct):
 
 # Tenants and API keys (engine/ingress/tenants_api.py) ----------------------------------
 
-TENANT_UID_PATTERN = "^[A-Za-z0-9._:-]{1,64}$"
+TENANT_UID_PATTERN = whole("[A-Za-z0-9._:-]{1,64}")
 TenantUid = Annotated[str, Meta(
     pattern=TENANT_UID_PATTERN,
     description="The operator's own id for its customer: 1-64 of A-Z a-z 0-9 . _ : -")]
