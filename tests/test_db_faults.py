@@ -352,6 +352,25 @@ def test_idle_engine_serves_the_first_requests_after_a_restart(
         assert not [r for r in engine.events("database_unavailable") if r["during"] == "record"]
 
 
+def test_the_first_requests_after_an_outage_ingress_saw_are_served(
+    owned_server: EmbeddedServer, fault_dsn: str, tmp_path: Path
+) -> None:
+    """Ingress knows of the outage (its key ring reads the database every 250 ms): the
+    first requests once the server is back are served, not refused until the prober's next
+    turn (engine/ingress/dbgate.py)."""
+    with Engine(fault_dsn, tmp_path, "--procs", "1", "--bind", "127.0.0.1:0") as engine:
+        [started] = wait_until(lambda: engine.events("supervisor_started"), 30, "supervisor")
+        client = IngressProcess(fault_dsn)
+        client.port = int(started["bind"].rsplit(":", 1)[1])
+        wait_until(lambda: _answers(client, "/healthz") == 200, 30, "ingress")
+        owned_server.control("-m", "fast", "-w", "-t", "60", "stop")
+        wait_until(lambda: [r for r in engine.events("database_unavailable")
+                            if r["component"] == "ingress"], 10, "ingress to see the outage")
+        owned_server.control("-w", "-t", "60", *_server_log(owned_server), "start")
+        assert client.request("GET", "/v1/deliveries?limit=1").status == 200
+        assert client.request("POST", "/v1/events", {"type": "t", "payload": 1}).status == 202
+
+
 def test_ingress_started_without_a_database_refuses_at_once() -> None:
     """No database from the start: 503 from the first request on, without a pool wait."""
     with socket.socket() as unused:

@@ -177,7 +177,7 @@ class Committer:
         """Write and answer one batch; returns the connection to keep (None if broken)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        if self.gate is not None and self.gate.down:
+        if self.gate is not None and not await self.gate.available():
             _fail(batch, errors.unavailable())
             return conn
         try:

@@ -2,8 +2,10 @@
 
 Three promises during and after a database outage:
 - 503 at once while the database cannot be reached: once a connection attempt has
-  failed, requests are refused without waiting for the pool (whose wait is for a busy
-  pool, not a dead server) until a probe connects again;
+  failed, a request is refused after one probe (a connection attempt shared by every
+  request that comes while it runs, PROBE_CONNECT_TIMEOUT_S at most), never after a wait
+  for the pool (whose wait is for a busy pool, not a dead server); the first request after
+  the database is back is served, not refused until the prober's next turn;
 - the truth on /healthz within a second of the database coming back: a probe connects
   every PROBE_INTERVAL_S while it is down, whether or not requests arrive;
 - no connection a restart broke ever reaches a request: each one is checked before use
@@ -42,6 +44,7 @@ class DatabaseGate:
         self.outage = Outage("ingress")
         self.pool: psycopg_pool.AsyncConnectionPool | None = None
         self._prober: asyncio.Task[None] | None = None
+        self._request_probe: asyncio.Future[bool] | None = None
         self._closing: set[asyncio.Task[None]] = set()  # old pools being closed
         self._renewing = asyncio.Lock()
 
@@ -82,7 +85,7 @@ class DatabaseGate:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
-        if self.down:
+        if not await self.available():
             raise errors.unavailable()
         pool, conn = await self._checked_connection()
         try:
@@ -123,6 +126,32 @@ class DatabaseGate:
             self.lost(exc, "probe")
             raise errors.unavailable() from None
 
+    async def available(self) -> bool:
+        """Whether a request may use the database: it is not known to be down, or a probe
+        run now (or the one under way, joined) connects, which ends the outage."""
+        if not self.down:
+            return True
+        if self._request_probe is None or self._request_probe.done():
+            self._request_probe = asyncio.ensure_future(self._probe_once())
+        return await asyncio.shield(self._request_probe)
+
+    async def _probe_once(self) -> bool:
+        try:
+            await self._probe()
+        except psycopg.OperationalError as exc:
+            self.outage.failed(exc, "probe")
+            return False
+        await self._back_up()
+        return True
+
+    async def _back_up(self) -> None:
+        """A probe connected: new pool, outage over (once, whichever probe saw it first)."""
+        if not self.down:
+            return
+        assert self.pool is not None
+        await self._renew(self.pool)
+        self.outage.recovered()
+
     async def _probe(self) -> None:
         conn = await psycopg.AsyncConnection.connect(
             self.dsn, autocommit=True, connect_timeout=PROBE_CONNECT_TIMEOUT_S,
@@ -151,14 +180,7 @@ class DatabaseGate:
             await self._probe_until_up()
 
     async def _probe_until_up(self) -> None:
-        while True:
+        while self.down:
             await asyncio.sleep(PROBE_INTERVAL_S)
-            try:
-                await self._probe()
-            except psycopg.OperationalError as exc:
-                self.outage.failed(exc, "probe")
-                continue
-            assert self.pool is not None
-            await self._renew(self.pool)
-            self.outage.recovered()
-            return
+            if self.down:
+                await self._probe_once()
