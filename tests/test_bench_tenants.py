@@ -15,7 +15,7 @@ import psycopg
 from psycopg import sql
 
 from bench.harness import noisy_neighbour, tenants_scale
-from bench.harness.noisy_neighbour import Accepted, b_latencies
+from bench.harness.noisy_neighbour import Accepted, Windows, b_latencies
 from bench.harness.tenants import (
     Api,
     create_destinations,
@@ -51,16 +51,20 @@ def test_ratios_and_medians_skip_what_was_not_measured() -> None:
 
 
 def test_b_latency_counts_each_event_in_its_window() -> None:
-    """Before A's backlog fell due (at 100 ms), while it drained (to 200 ms), after it
-    (left out), and accepted but never delivered."""
-    accepted = [Accepted(1, 0.0, 10.0), Accepted(2, 95.0, 100.0), Accepted(3, 150.0, 160.0),
-                Accepted(4, 300.0, 310.0), Accepted(5, 180.0, 190.0)]
-    arrivals = {"evt_1": 30, "evt_2": 400, "evt_3": 260, "evt_4": 320}
-    found = b_latencies(accepted, arrivals, due_ms=100, drained_ms=200)
-    assert found["accepted"] == 5
+    """B alone (before A's backlog is written at 50 ms), while it is written (to 100 ms,
+    when it falls due), while it drains (to 200 ms), after it (left out), and accepted
+    but never delivered."""
+    accepted = [Accepted(1, 0.0, 10.0), Accepted(6, 55.0, 60.0), Accepted(2, 95.0, 100.0),
+                Accepted(3, 150.0, 160.0), Accepted(4, 300.0, 310.0),
+                Accepted(5, 180.0, 190.0)]
+    arrivals = {"evt_1": 30, "evt_6": 75, "evt_2": 400, "evt_3": 260, "evt_4": 320}
+    found = b_latencies(accepted, arrivals, Windows(fill_ms=50, due_ms=100, drained_ms=200))
+    assert found["accepted"] == 6
     assert found["never_delivered"] == 1
-    assert found["latency_ms_before_a_backlog"] == {
+    assert found["latency_ms_b_alone"] == {
         "events": 1, "p50": 20.0, "p95": 20.0, "p99": 20.0, "max": 20.0}
+    assert found["latency_ms_while_a_backlog_written"] == {
+        "events": 1, "p50": 15.0, "p95": 15.0, "p99": 15.0, "max": 15.0}
     assert found["latency_ms_while_a_drains"] == {
         "events": 2, "p50": 100.0, "p95": 300.0, "p99": 300.0, "max": 300.0}
     assert found["accept_ms"]["max"] == 10.0
@@ -168,7 +172,7 @@ def test_noisy_neighbour_quick_end_to_end(database_factory: DatabaseFactory,
     b = phases["A with B"]["b"]
     assert b["accepted"] == b["sent"] > 0 and b["refused"] == {}
     assert b["never_delivered"] == 0 and b["duplicates"] == 0
-    for window in ("latency_ms_while_a_drains", "latency_ms_before_a_backlog"):
+    for window in ("latency_ms_while_a_drains", "latency_ms_b_alone"):
         assert b[window]["events"] > 0
         assert b[window]["p50"] <= b[window]["p95"] <= b[window]["p99"] <= b[window]["max"]
     [pair] = report["pairs"]
