@@ -89,6 +89,12 @@ SCENARIOS: dict[str, Scenario] = {
     "tenant-migration": OwnOptions(
         "tenants' migrations on 1,000,000 finished deliveries under the engine before them",
         "tenant_migration"),
+    "noisy-neighbour": OwnOptions(
+        "tenant B's latency at 20 events/s while tenant A drains 200,000 (and A alone)",
+        "noisy_neighbour"),
+    "tenants-10k": OwnOptions(
+        "100,000 drained over 10,000 tenants x 3 destinations against one tenant's 30,000",
+        "tenants_scale"),
     "gate": OwnOptions("CI's gate: a small drain's CPU per delivery against bench/baseline.json",
                        "gate"),
 }
