@@ -89,6 +89,8 @@ SCENARIOS: dict[str, Scenario] = {
     "tenant-migration": OwnOptions(
         "tenants' migrations on 1,000,000 finished deliveries under the engine before them",
         "tenant_migration"),
+    "claim-cost": OwnOptions(
+        "the cost of one claim: one tenant, two, 10,000 (A/B: --engine-tree)", "claim_cost"),
     "gate": OwnOptions("CI's gate: a small drain's CPU per delivery against bench/baseline.json",
                        "gate"),
 }
