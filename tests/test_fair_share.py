@@ -3,12 +3,13 @@ docs/decisions/0026), on the production claim path: queue_async.claim_batch on a
 own connection (tests/kit/worker_path.py), against the real database.
 
 The rule checked: when several tenants have due deliveries, a claim of L rows visits the
-tenants with pending deliveries round-robin from the worker's cursor, at most max(2, L)
-of them; the due ones among them, live and not disabled, the first min(their number, L)
-of them, each get L / that many rows (the remainder one more each to the first), or all
-they have if fewer; the room left goes to the plain scans in due order. Every tenant
-with due work is served within ceil(tenants / L) consecutive claims. A disabled or
-deleted tenant's deliveries are never claimed, and no claim takes more than it asked for.
+tenants with pending deliveries round-robin from the worker's cursor, down the tenant
+ids, at most max(2, L) of them; the due ones among them, live and not disabled, the
+first min(their number, L) of them, each get L / that many rows (the remainder one more
+each to the first), or all they have if fewer; the room left goes to the plain scans in
+due order. Every tenant with due work is served within ceil(tenants / L) consecutive
+claims. A disabled or deleted tenant's deliveries are never claimed, and no claim takes
+more than it asked for.
 """
 
 from __future__ import annotations
@@ -109,10 +110,10 @@ def claimed_by_tenant(conn: psycopg.Connection, claims: Sequence[Claim]) -> Coun
 
 def expected_shares(tenants: Sequence[TenantRows], ids: Sequence[int], limit: int
                     ) -> dict[int, int]:
-    """The shares the rule gives, for a worker starting from the lowest tenant: the
-    tenants with pending deliveries, the first max(2, limit) of them visited; the live
-    ones with due work among those, the first min(their number, limit) served."""
-    pending = [(i, t) for i, t in zip(ids, tenants, strict=True) if t.due + t.later]
+    """The shares the rule gives, for a new worker (it starts from the highest tenant):
+    the tenants with pending deliveries, the first max(2, limit) of them visited; the
+    live ones with due work among those, the first min(their number, limit) served."""
+    pending = [(i, t) for i, t in zip(ids, tenants, strict=True) if t.due + t.later][::-1]
     visited = pending[:max(2, limit)]
     due = [i for i, t in visited if t.state == "live" and t.due]
     if len(due) < 2:

@@ -50,10 +50,10 @@ async def notify_deliveries(conn: AsyncConnection) -> None:
 
 
 class TenantCursor:
-    """Where a worker's next claim starts its round of the tenants with due work: after
-    the tenant its last fair-share claim served last (claim_batch.sql, `tenant_walk`;
-    docs/decisions/0026). Kept in the worker's memory: each worker goes round on its own,
-    and a new one starts from the lowest tenant."""
+    """Where a worker's next claim starts its round of the tenants with due work: below
+    the tenant its last fair-share claim served last (claim_batch.sql, `tenant_walk`
+    goes down the tenant ids; docs/decisions/0026). Kept in the worker's memory: each
+    worker goes round on its own, and a new one (0) starts from the highest tenant."""
 
     __slots__ = ("after",)
 
@@ -69,7 +69,7 @@ async def claim_batch(
     """Claim up to `limit` due deliveries for `worker`, none of `skip_destinations`;
     commits before returning. `announce_backlog`: nobody announced this work (the claim
     follows a poll, not a NOTIFY), so if the claim comes back full, wake every claimer.
-    `tenant_cursor`: where the claim's share among tenants starts (none: from the lowest
+    `tenant_cursor`: where the claim's share among tenants starts (none: from the highest
     tenant), moved past the tenants the claim shared its room among.
 
     Pipelined: BEGIN goes out with the first statement and COMMIT with the claim, two

@@ -9,7 +9,7 @@
 --      take_rate_tokens.sql just booked for each in this transaction (its row is locked by
 --      us until we commit)
 --   $9 tenant cursor bigint: the tenant this worker's last fair-share claim served last
---      (0 at first); the walk over the tenants starts after it
+--      (0 at first: from the highest); the walk over the tenants goes on below it
 -- Returns the claims' columns, then `tenant_cursor`: the tenant this claim's fair share
 -- served last (NULL when it shared nothing), the worker's next $9.
 --
@@ -66,16 +66,17 @@
 -- Fair share among tenants (docs/decisions/0026): when several tenants have due work, the
 -- room the probes, `rated` and `capped` leave is shared equally among them, so one
 -- tenant's backlog cannot hold back another's deliveries beyond a claim.
--- `tenant_walk` visits the tenants with pending deliveries in id order, round-robin from
--- $9 (after the last, back to the first), one descent of deliveries_tenant_due_idx each:
--- the first entry after the previous tenant is the next tenant's earliest pending
--- delivery, due or not (schema/018). It stops after as many tenants as there is room
--- (at least 2): a claim of N rows costs about N probes whatever the number of tenants.
+-- `tenant_walk` visits the tenants with pending deliveries in descending id order,
+-- round-robin from $9 (past the lowest, back to the highest), one descent of
+-- deliveries_tenant_due_idx each (schema/018), and a second for a tenant whose latest
+-- pending delivery is not due yet. It stops after as many tenants as there is room (at
+-- least 2): a claim of N rows costs about N probes whatever the number of tenants.
 -- `fair_shares`: the due tenants it found, live and not disabled, the first min(their
 -- number, room) of them; each gets room / that many, the remainder one more each to the
 -- first in walk order (equal shares; exact, so no row is locked beyond the room).
 -- With fewer than two such tenants nothing is shared: the common case (one tenant, or
 -- one with due work) costs the walk's two or three descents and claims as before.
+-- (One with due work among many with work due later costs the walk bounded by the room.)
 -- `fair` takes each tenant's share in due order (its range of the same index, stopping at
 -- the share), from the destinations the plain scans claim from. What it leaves (a tenant
 -- with fewer due rows than its share) goes to the plain scans, in due order across
@@ -176,48 +177,60 @@ WITH RECURSIVE disabled_tenants AS (
 ), fair_room AS (
     SELECT greatest(0, (SELECT n FROM room) - (SELECT count(*) FROM capped)) AS n
 ), tenant_walk AS (
-    -- The next tenant with pending deliveries after the one visited last: in the first lap
-    -- those after $9, in the second (from the lowest id) those up to $9. An upper bound
-    -- in the index condition, not a filter: a filter would read the whole range above.
-    SELECT next.tenant_id, next.first_pending_at, next.lap, 1 AS visited
-      FROM ((SELECT d.tenant_id, d.next_attempt_at AS first_pending_at, 1 AS lap
+    -- The next tenant with pending deliveries below the one visited last: in the first lap
+    -- those below $9, in the second (from the highest id down) those from $9 up. Each
+    -- descent lands on the tenant's latest pending delivery: the live end of its range.
+    -- Its earliest ones are what claims take first, and their index entries stay behind,
+    -- dead, until a vacuum: a walk upward, landing there, stepped over all of them on
+    -- every claim (docs/decisions/0026). The bound is in the index condition, not a
+    -- filter: a filter would read the whole range.
+    SELECT next.tenant_id, next.last_pending_at, next.lap, 1 AS visited
+      FROM ((SELECT d.tenant_id, d.next_attempt_at AS last_pending_at, 1 AS lap
                FROM deliveries d
-              WHERE d.status = 'pending' AND d.tenant_id > $9
-              ORDER BY d.tenant_id, d.next_attempt_at
+              WHERE d.status = 'pending' AND d.tenant_id < $9
+              ORDER BY d.tenant_id DESC, d.next_attempt_at DESC
               LIMIT 1)
             UNION ALL
             (SELECT d.tenant_id, d.next_attempt_at, 2
                FROM deliveries d
-              WHERE d.status = 'pending' AND d.tenant_id <= $9
-              ORDER BY d.tenant_id, d.next_attempt_at
+              WHERE d.status = 'pending' AND d.tenant_id >= $9
+              ORDER BY d.tenant_id DESC, d.next_attempt_at DESC
               LIMIT 1)
             LIMIT 1) next
      WHERE (SELECT n FROM fair_room) > 0
     UNION ALL
-    SELECT next.tenant_id, next.first_pending_at, next.lap, walked.visited + 1
+    SELECT next.tenant_id, next.last_pending_at, next.lap, walked.visited + 1
       FROM tenant_walk walked
      CROSS JOIN LATERAL (
-           (SELECT d.tenant_id, d.next_attempt_at AS first_pending_at, walked.lap AS lap
+           (SELECT d.tenant_id, d.next_attempt_at AS last_pending_at, walked.lap AS lap
               FROM deliveries d
-             WHERE d.status = 'pending' AND d.tenant_id > walked.tenant_id
-               AND d.tenant_id <= CASE WHEN walked.lap = 1 THEN 9223372036854775807
-                                       ELSE $9 END
-             ORDER BY d.tenant_id, d.next_attempt_at
+             WHERE d.status = 'pending' AND d.tenant_id < walked.tenant_id
+               AND d.tenant_id >= CASE WHEN walked.lap = 1 THEN 0 ELSE $9 END
+             ORDER BY d.tenant_id DESC, d.next_attempt_at DESC
              LIMIT 1)
            UNION ALL
            (SELECT d.tenant_id, d.next_attempt_at, 2
               FROM deliveries d
-             WHERE walked.lap = 1 AND d.status = 'pending' AND d.tenant_id <= $9
-             ORDER BY d.tenant_id, d.next_attempt_at
+             WHERE walked.lap = 1 AND d.status = 'pending' AND d.tenant_id >= $9
+             ORDER BY d.tenant_id DESC, d.next_attempt_at DESC
              LIMIT 1)
            LIMIT 1) next
      WHERE walked.visited < greatest(2, (SELECT n FROM fair_room))
 ), walked_due AS (
+    -- Due: its latest pending delivery is, or else one probe down from now() (again not
+    -- from the dead end of the range).
     SELECT w.tenant_id, row_number() OVER (ORDER BY w.visited) AS k,
            count(*) OVER () AS due_tenants
       FROM tenant_walk w
       JOIN tenants t ON t.id = w.tenant_id
-     WHERE w.first_pending_at <= now() AND NOT t.disabled AND t.deleted_at IS NULL
+     WHERE NOT t.disabled AND t.deleted_at IS NULL
+       AND (w.last_pending_at <= now()
+            OR EXISTS (SELECT 1 FROM (SELECT 1 FROM deliveries d
+                                       WHERE d.status = 'pending'
+                                         AND d.tenant_id = w.tenant_id
+                                         AND d.next_attempt_at <= now()
+                                       ORDER BY d.next_attempt_at DESC
+                                       LIMIT 1) due))
 ), fair_shares AS (
     SELECT s.tenant_id, s.k,
            r.n / s.served + CASE WHEN s.k <= r.n % s.served THEN 1 ELSE 0 END AS share
