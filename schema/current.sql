@@ -99,6 +99,7 @@ CREATE INDEX deliveries_destination_idx ON deliveries (destination_id, status, n
 CREATE INDEX deliveries_event_idx ON deliveries (event_id);
 CREATE INDEX deliveries_in_flight_idx ON deliveries (locked_until) WHERE (status = 'in_flight'::delivery_status);
 CREATE INDEX deliveries_ordering_idx ON deliveries (destination_id, ordering_key, id) WHERE (ordering_key IS NOT NULL);
+CREATE INDEX deliveries_tenant_due_idx ON deliveries (tenant_id, next_attempt_at) WHERE (status = 'pending'::delivery_status);
 
 CREATE TABLE finished_deliveries (
     id bigint NOT NULL,
@@ -176,6 +177,7 @@ CREATE TABLE tenants (
     CONSTRAINT tenants_uid_check CHECK ((uid ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT tenants_pkey PRIMARY KEY (id)
 );
+CREATE INDEX tenants_disabled_idx ON tenants (id) WHERE (disabled AND (deleted_at IS NULL));
 CREATE UNIQUE INDEX tenants_uid_idx ON tenants (uid) WHERE (deleted_at IS NULL);
 
 CREATE TABLE api_keys (

@@ -80,6 +80,8 @@ SCENARIOS: dict[str, Scenario] = {
                              "drain", ("drain-slow",)),
     "many-destinations": OwnOptions("20,000 drained over 1,000 destinations, half capped",
                                     "drain", ("many-destinations",)),
+    "many-tenants": OwnOptions("30,000 drained over 10,000 tenants x 3 destinations",
+                               "drain", ("many-tenants",)),
     "capped-slow": OwnOptions("10,000 drained over 100 destinations capped at 5, 100 ms each",
                               "drain", ("capped-slow",)),
     "peers": OwnOptions("the drains in pairs against pgqueuer (python bench/peers.py)",
@@ -95,6 +97,8 @@ SCENARIOS: dict[str, Scenario] = {
     "tenants-10k": OwnOptions(
         "100,000 drained over 10,000 tenants x 3 destinations against one tenant's 30,000",
         "tenants_scale"),
+    "claim-cost": OwnOptions(
+        "the cost of one claim: one tenant, two, 10,000 (A/B: --engine-tree)", "claim_cost"),
     "gate": OwnOptions("CI's gate: a small drain's CPU per delivery against bench/baseline.json",
                        "gate"),
 }

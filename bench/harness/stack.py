@@ -32,7 +32,7 @@ from engine.db.database import engine_conninfo
 from engine.db.migrate import migrate
 from engine.db.queries import NOTIFY_CHANNEL
 from engine.db.queue_async import enqueue_events
-from engine.domain import EventIn
+from engine.domain import DEFAULT_TENANT_ID, EventIn
 from engine.testing.pgserver import throwaway_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,11 +194,13 @@ def free_port() -> int:
 
 
 def add_destination(conn: psycopg.Connection, url: str, timeout_ms: int = 10_000, *,
-                    max_in_flight: int | None = None, rate_limit: float | None = None) -> int:
+                    max_in_flight: int | None = None, rate_limit: float | None = None,
+                    tenant_id: int = DEFAULT_TENANT_ID) -> int:
     row = conn.execute(
-        "INSERT INTO destinations (url, secret, timeout_ms, max_in_flight, rate_limit)"
-        " VALUES (%s, %s, %s, %s, %s) RETURNING id",
-        (url, SECRET, timeout_ms, max_in_flight, rate_limit),
+        "INSERT INTO destinations (url, secret, timeout_ms, max_in_flight, rate_limit,"
+        "                          tenant_id)"
+        " VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+        (url, SECRET, timeout_ms, max_in_flight, rate_limit, tenant_id),
     ).fetchone()
     assert row is not None
     return int(row[0])

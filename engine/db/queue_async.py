@@ -49,13 +49,28 @@ async def notify_deliveries(conn: AsyncConnection) -> None:
     await queries.NOTIFY_DELIVERIES.run(conn, _NOTIFY)
 
 
+class TenantCursor:
+    """Where a worker's next claim starts its round of the tenants with due work: below
+    the tenant its last fair-share claim served last (claim_batch.sql, `tenant_walk`
+    goes down the tenant ids; docs/decisions/0026). Kept in the worker's memory: each
+    worker goes round on its own, and a new one (0) starts from the highest tenant."""
+
+    __slots__ = ("after",)
+
+    def __init__(self) -> None:
+        self.after = 0
+
+
 async def claim_batch(
     conn: AsyncConnection, worker: str, limit: int, lease_ms: int, first_attempt_reserve: int = 0,
     skip_destinations: Sequence[int] = (), announce_backlog: bool = False,
+    tenant_cursor: TenantCursor | None = None,
 ) -> list[Claim]:
     """Claim up to `limit` due deliveries for `worker`, none of `skip_destinations`;
     commits before returning. `announce_backlog`: nobody announced this work (the claim
     follows a poll, not a NOTIFY), so if the claim comes back full, wake every claimer.
+    `tenant_cursor`: where the claim's share among tenants starts (none: from the highest
+    tenant), moved past the tenants the claim shared its room among.
 
     Pipelined: BEGIN goes out with the first statement and COMMIT with the claim, two
     round trips instead of four. On a busy machine every round trip waits for the backend
@@ -76,8 +91,13 @@ async def claim_batch(
             destination_ids=list(skip_destinations),
             rate_limited_destination_ids=[booking[0] for booking in tokens],
             tokens=[booking[1] for booking in tokens],
+            tenant_cursor=tenant_cursor.after if tenant_cursor is not None else 0,
         ))
-    claims = _claims(await claimed.fetchall(), tokens)
+    rows = await claimed.fetchall()
+    # The last column is the same on every row: the tenant the fair share served last.
+    if rows and tenant_cursor is not None and rows[0][-1] is not None:
+        tenant_cursor.after = rows[0][-1]
+    claims = _claims([row[:-1] for row in rows], tokens)
     if (len(capped) >= CAPPED_LOCKS_PER_CLAIM and claims) or (
             announce_backlog and len(claims) >= limit):
         # A claim that locked its most capped destinations: others may have room and due

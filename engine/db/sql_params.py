@@ -22,6 +22,7 @@ class ClaimBatchParams(NamedTuple):
     destination_ids: list[int]  # those this worker wants none of now
     rate_limited_destination_ids: list[int]
     tokens: list[int]  # what take_rate_tokens.sql took for each of the above
+    tenant_cursor: int = 0  # the fair share's walk goes on below this tenant (TenantCursor)
 
 
 class TakeRateTokensParams(NamedTuple):

@@ -68,6 +68,8 @@ class DeliveryWorker:
         self.policy = ClaimPolicy(self.capacity)
         # The next claim follows a poll, not a NOTIFY: whatever it finds, nobody announced.
         self.polled = False
+        # Where the next claim's round of the tenants starts (docs/decisions/0026).
+        self.tenant_cursor = queue_async.TenantCursor()
         # A write gave capped destinations' slots back: the notification it causes is
         # answered by a claim at once, without the gathering pause (_wait_for_work).
         self.slots_returned = False
@@ -180,7 +182,7 @@ class DeliveryWorker:
             try:
                 claims = await queue_async.claim_batch(
                     self.claim_conn, self.worker, limit, settings.lease_ms, reserve, left_out,
-                    announce_backlog=self.polled,
+                    announce_backlog=self.polled, tenant_cursor=self.tenant_cursor,
                 )
             except (psycopg.OperationalError, IdleInTransactionSessionTimeout) as exc:
                 # The second: the server ended a claim transaction this process left open

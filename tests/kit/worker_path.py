@@ -47,6 +47,7 @@ class WorkerPath:
                  setup: Iterable[str] = ()) -> None:
         self.worker = worker
         self.lease_ms = lease_ms
+        self.tenant_cursor = queue_async.TenantCursor()  # as DeliveryWorker keeps it
         self.breaker = breaker
         self.runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
         outage = Outage("worker", worker=worker)
@@ -68,10 +69,10 @@ class WorkerPath:
     def claim(self, limit: int, reserve: int = 0, left_out: Sequence[int] = (),
               announce_backlog: bool = False) -> list[Claim]:
         """DeliveryWorker._claim_loop's claim: queue_async.claim_batch(claim_conn, worker,
-        limit, lease_ms, reserve, left_out, announce_backlog=...)."""
+        limit, lease_ms, reserve, left_out, announce_backlog=..., tenant_cursor=...)."""
         return self.run(queue_async.claim_batch(
             self.claim_conn, self.worker, limit, self.lease_ms, reserve, list(left_out),
-            announce_backlog=announce_backlog))
+            announce_backlog=announce_backlog, tenant_cursor=self.tenant_cursor))
 
     def record(self, results: Sequence[Result]) -> int:
         """ResultRecorder._record without slots to refill: how many results applied."""

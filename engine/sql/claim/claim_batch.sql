@@ -8,6 +8,10 @@
 --   $7 rate-limited destination ids bigint[], $8 tokens int[]: the send times
 --      take_rate_tokens.sql just booked for each in this transaction (its row is locked by
 --      us until we commit)
+--   $9 tenant cursor bigint: the tenant this worker's last fair-share claim served last
+--      (0 at first: from the highest); the walk over the tenants goes on below it
+-- Returns the claims' columns, then `tenant_cursor`: the tenant this claim's fair share
+-- served last (NULL when it shared nothing), the worker's next $9.
 --
 -- FOR UPDATE OF d SKIP LOCKED: lock only delivery rows. Without OF, the destination row
 -- would be locked too, and every other claimer would skip all of that destination's
@@ -58,13 +62,39 @@
 -- which also takes the slots of those that are capped too).
 -- The plain scans and `capped` skip them (`dest.rate_limit IS NULL`, again a filter on a
 -- row the join reads anyway).
-WITH probed_destinations AS (
+--
+-- Fair share among tenants (docs/decisions/0026): when several tenants have due work, the
+-- room the probes, `rated` and `capped` leave is shared equally among them, so one
+-- tenant's backlog cannot hold back another's deliveries beyond a claim.
+-- `tenant_walk` visits the tenants with pending deliveries in descending id order,
+-- round-robin from $9 (past the lowest, back to the highest), one descent of
+-- deliveries_tenant_due_idx each (schema/018), and a second for a tenant whose latest
+-- pending delivery is not due yet. It stops after as many tenants as there is room (at
+-- least 2): a claim of N rows costs about N probes whatever the number of tenants.
+-- `fair_shares`: the due tenants it found, live and not disabled, the first min(their
+-- number, room) of them; each gets room / that many, the remainder one more each to the
+-- first in walk order (equal shares; exact, so no row is locked beyond the room).
+-- With fewer than two such tenants nothing is shared: the common case (one tenant, or
+-- one with due work) costs the walk's two or three descents and claims as before.
+-- (One with due work among many with work due later costs the walk bounded by the room.)
+-- `fair` takes each tenant's share in due order (its range of the same index, stopping at
+-- the share), from the destinations the plain scans claim from. What it leaves (a tenant
+-- with fewer due rows than its share) goes to the plain scans, in due order across
+-- tenants: the claim stays work conserving. The first-attempt reserve ($3) applies to
+-- that remainder. The plain scans walk past the rows `fair` took (they are locked by this
+-- transaction, which SKIP LOCKED does not skip).
+-- A disabled tenant's deliveries are claimed by no branch (`disabled_tenants`; a deleted
+-- tenant's destinations are deleted with it, tenant_delete.sql).
+WITH RECURSIVE disabled_tenants AS (
+    SELECT array(SELECT id FROM tenants WHERE disabled AND deleted_at IS NULL) AS ids
+), probed_destinations AS (
     UPDATE destinations dest
        SET breaker = 'half_open',
            paused_until = clock_timestamp() + make_interval(secs => $4 / 1000.0)
       FROM (SELECT id FROM destinations
              WHERE breaker <> 'closed' AND paused_until <= now()
                AND NOT disabled AND NOT paused AND deleted_at IS NULL
+               AND tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
                AND EXISTS (SELECT 1 FROM deliveries d
                             WHERE d.destination_id = destinations.id
                               AND d.status = 'pending' AND d.next_attempt_at <= now())
@@ -92,6 +122,7 @@ WITH probed_destinations AS (
     SELECT r.destination_id, c.id, c.next_attempt_at
       FROM unnest($7::bigint[], $8::int[]) AS r(destination_id, tokens)
       JOIN destinations dest ON dest.id = r.destination_id
+                            AND dest.tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
      CROSS JOIN LATERAL (
            SELECT d.id, d.next_attempt_at FROM claimable_deliveries d
             WHERE d.destination_id = dest.id
@@ -142,6 +173,92 @@ WITH probed_destinations AS (
        AND dest.rate_limit IS NULL  -- those are claimed through `rated`
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
+       AND dest.tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
+), fair_room AS (
+    SELECT greatest(0, (SELECT n FROM room) - (SELECT count(*) FROM capped)) AS n
+), tenant_walk AS (
+    -- The next tenant with pending deliveries below the one visited last: in the first lap
+    -- those below $9, in the second (from the highest id down) those from $9 up. Each
+    -- descent lands on the tenant's latest pending delivery: the live end of its range.
+    -- Its earliest ones are what claims take first, and their index entries stay behind,
+    -- dead, until a vacuum: a walk upward, landing there, stepped over all of them on
+    -- every claim (docs/decisions/0026). The bound is in the index condition, not a
+    -- filter: a filter would read the whole range.
+    SELECT next.tenant_id, next.last_pending_at, next.lap, 1 AS visited
+      FROM ((SELECT d.tenant_id, d.next_attempt_at AS last_pending_at, 1 AS lap
+               FROM deliveries d
+              WHERE d.status = 'pending' AND d.tenant_id < $9
+              ORDER BY d.tenant_id DESC, d.next_attempt_at DESC
+              LIMIT 1)
+            UNION ALL
+            (SELECT d.tenant_id, d.next_attempt_at, 2
+               FROM deliveries d
+              WHERE d.status = 'pending' AND d.tenant_id >= $9
+              ORDER BY d.tenant_id DESC, d.next_attempt_at DESC
+              LIMIT 1)
+            LIMIT 1) next
+     WHERE (SELECT n FROM fair_room) > 0
+    UNION ALL
+    SELECT next.tenant_id, next.last_pending_at, next.lap, walked.visited + 1
+      FROM tenant_walk walked
+     CROSS JOIN LATERAL (
+           (SELECT d.tenant_id, d.next_attempt_at AS last_pending_at, walked.lap AS lap
+              FROM deliveries d
+             WHERE d.status = 'pending' AND d.tenant_id < walked.tenant_id
+               AND d.tenant_id >= CASE WHEN walked.lap = 1 THEN 0 ELSE $9 END
+             ORDER BY d.tenant_id DESC, d.next_attempt_at DESC
+             LIMIT 1)
+           UNION ALL
+           (SELECT d.tenant_id, d.next_attempt_at, 2
+              FROM deliveries d
+             WHERE walked.lap = 1 AND d.status = 'pending' AND d.tenant_id >= $9
+             ORDER BY d.tenant_id DESC, d.next_attempt_at DESC
+             LIMIT 1)
+           LIMIT 1) next
+     WHERE walked.visited < greatest(2, (SELECT n FROM fair_room))
+), walked_due AS (
+    -- Due: its latest pending delivery is, or else one probe down from now() (again not
+    -- from the dead end of the range).
+    SELECT w.tenant_id, row_number() OVER (ORDER BY w.visited) AS k,
+           count(*) OVER () AS due_tenants
+      FROM tenant_walk w
+      JOIN tenants t ON t.id = w.tenant_id
+     WHERE NOT t.disabled AND t.deleted_at IS NULL
+       AND (w.last_pending_at <= now()
+            OR EXISTS (SELECT 1 FROM (SELECT 1 FROM deliveries d
+                                       WHERE d.status = 'pending'
+                                         AND d.tenant_id = w.tenant_id
+                                         AND d.next_attempt_at <= now()
+                                       ORDER BY d.next_attempt_at DESC
+                                       LIMIT 1) due))
+), fair_shares AS (
+    SELECT s.tenant_id, s.k,
+           r.n / s.served + CASE WHEN s.k <= r.n % s.served THEN 1 ELSE 0 END AS share
+      FROM (SELECT tenant_id, k, least(due_tenants, (SELECT n FROM fair_room)) AS served
+              FROM walked_due
+             WHERE due_tenants >= 2) s,
+           fair_room r
+     WHERE s.k <= s.served
+), fair AS (
+    SELECT f.id, f.next_attempt_at
+      FROM fair_shares s
+     CROSS JOIN LATERAL (
+           SELECT d.id, d.next_attempt_at
+             FROM claimable_deliveries d
+             JOIN destinations dest ON dest.id = d.destination_id
+            WHERE d.tenant_id = s.tenant_id
+              AND d.next_attempt_at <= now()
+              AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
+              AND dest.breaker = 'closed'
+              AND dest.max_in_flight IS NULL
+              AND dest.rate_limit IS NULL
+              AND d.destination_id <> ALL ($6::bigint[])
+            ORDER BY d.next_attempt_at
+            LIMIT s.share
+              FOR UPDATE OF d SKIP LOCKED) f
+), plain_room AS (
+    SELECT (SELECT n FROM fair_room) - (SELECT count(*) FROM fair) AS n,
+           array(SELECT id FROM fair) AS fair_ids
 ), uncapped_due AS (
     -- Whether any destination the plain scans may claim from has due work. The scans
     -- below walk deliveries_claimable_idx in due order and drop the rows of capped and
@@ -155,6 +272,7 @@ WITH probed_destinations AS (
               AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
               AND dest.breaker = 'closed'
               AND dest.id <> ALL ($6::bigint[])
+              AND dest.tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
               AND EXISTS (SELECT 1 FROM deliveries d
                            WHERE d.destination_id = dest.id AND d.status = 'pending'
                              AND d.next_attempt_at <= now())) AS found
@@ -169,12 +287,14 @@ WITH probed_destinations AS (
        AND dest.max_in_flight IS NULL
        AND dest.rate_limit IS NULL
        AND d.destination_id <> ALL ($6::bigint[])
+       AND dest.tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
+       AND d.id <> ALL ((SELECT fair_ids FROM plain_room)::bigint[])
        AND (SELECT found FROM uncapped_due)
      ORDER BY d.next_attempt_at
-     -- What `capped` took comes first in `chosen`: rows locked here beyond the room it
-     -- leaves would stay locked until we commit without being claimed, and every other
-     -- claimer would skip them (docs/decisions/0025).
-     LIMIT greatest(0, (SELECT n FROM room) - (SELECT count(*) FROM capped))
+     -- What `capped` and `fair` took comes first in `chosen`: rows locked here beyond the
+     -- room they leave would stay locked until we commit without being claimed, and every
+     -- other claimer would skip them (docs/decisions/0025).
+     LIMIT greatest(0, (SELECT n FROM plain_room))
        FOR UPDATE OF d SKIP LOCKED
 ), eligible_retry AS (
     SELECT d.id, d.next_attempt_at
@@ -187,10 +307,12 @@ WITH probed_destinations AS (
        AND dest.max_in_flight IS NULL
        AND dest.rate_limit IS NULL
        AND d.destination_id <> ALL ($6::bigint[])
+       AND dest.tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
+       AND d.id <> ALL ((SELECT fair_ids FROM plain_room)::bigint[])
        AND (SELECT found FROM uncapped_due)
      ORDER BY d.next_attempt_at
-     LIMIT greatest(0, (SELECT n FROM room) - least($3, (SELECT count(*) FROM eligible_first))
-                         - (SELECT count(*) FROM capped))
+     LIMIT greatest(0, (SELECT n FROM plain_room)
+                         - least($3, (SELECT count(*) FROM eligible_first)))
        FOR UPDATE OF d SKIP LOCKED
 ), chosen AS (
     SELECT id FROM probe
@@ -199,12 +321,13 @@ WITH probed_destinations AS (
     UNION ALL
     (SELECT id FROM capped ORDER BY next_attempt_at LIMIT (SELECT n FROM room))
     UNION ALL
+    SELECT id FROM fair
+    UNION ALL
     SELECT id FROM eligible_retry
     UNION ALL
     (SELECT id FROM eligible_first
       ORDER BY next_attempt_at
-      LIMIT greatest(0, (SELECT n FROM room) - (SELECT count(*) FROM eligible_retry)
-                          - (SELECT count(*) FROM capped)))
+      LIMIT greatest(0, (SELECT n FROM plain_room) - (SELECT count(*) FROM eligible_retry)))
 ), claimed AS (
     UPDATE deliveries d
        SET status = 'in_flight',
@@ -234,7 +357,8 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
        -- Full after this claim (`dest` is the row as the statement began, before
        -- slots_taken): the worker then gives these slots back within milliseconds.
        coalesce(dest.in_flight + taken.n >= dest.max_in_flight, false) AS fills_cap,
-       c.holds_slot
+       c.holds_slot,
+       (SELECT tenant_id FROM fair_shares ORDER BY k DESC LIMIT 1) AS tenant_cursor
   FROM claimed c
   JOIN destinations dest ON dest.id = c.destination_id
   JOIN events ev ON ev.id = c.event_id

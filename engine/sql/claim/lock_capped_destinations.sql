@@ -45,6 +45,8 @@ WITH candidates AS MATERIALIZED (
              WHERE dest.max_in_flight IS NOT NULL
                AND dest.in_flight < dest.max_in_flight
                AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
+               -- not of a disabled tenant (tenants_disabled_idx: one descent, none found)
+               AND dest.tenant_id <> ALL (ARRAY(SELECT id FROM tenants WHERE disabled AND deleted_at IS NULL))
                AND dest.breaker = 'closed'
              ORDER BY random()
             OFFSET 0) shuffled

@@ -43,6 +43,8 @@ WITH due AS (
       FROM destinations dest
      WHERE dest.rate_limit IS NOT NULL
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
+       -- not of a disabled tenant (tenants_disabled_idx: one descent, none found)
+       AND dest.tenant_id <> ALL (ARRAY(SELECT id FROM tenants WHERE disabled AND deleted_at IS NULL))
        AND dest.breaker = 'closed'
        AND dest.id <> ALL ($2::bigint[])
        AND (dest.rate_next_send_at IS NULL

@@ -30,7 +30,7 @@
 -- so the rows are numbered outside the locking scan.
 --
 -- Only healthy destinations: the breaker closed (this snapshot sees what the batch did to
--- it), not disabled, paused or deleted, and not rate-limited (their sends are booked by
+-- it), not disabled, paused or deleted, nor of a disabled tenant, and not rate-limited (their sends are booked by
 -- take_rate_tokens.sql in the claim). Ordering keys are kept as in claim_batch.sql.
 WITH wanted AS (
     SELECT w.destination_id, w.slots, w.spares
@@ -54,6 +54,8 @@ WITH wanted AS (
      WHERE dest.max_in_flight IS NOT NULL
        AND dest.rate_limit IS NULL
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
+       -- not of a disabled tenant (tenants_disabled_idx: one descent, none found)
+       AND dest.tenant_id <> ALL (ARRAY(SELECT id FROM tenants WHERE disabled AND deleted_at IS NULL))
        AND dest.breaker = 'closed'
 ), numbered AS (
     SELECT id, row_number() OVER (PARTITION BY destination_id
