@@ -149,11 +149,6 @@ def claimer(dsn: str, name: str, plan: Plan, seed: int, refills: bool, spares: b
 def claim_as_a_worker(path: WorkerPath, conn: psycopg.Connection, plan: Plan, seed: int,
                       refills: bool, spares: bool, running: Running, found: list[str],
                       done: threading.Event) -> None:
-    """Claim, then answer each claim by the plan's outcome mix, until nothing is left;
-    with `refills`, as a worker does with capped destinations: each success asks the
-    result write to claim its slot again, and what that refills is answered next. With
-    `spares` too, the write also claims spares, and a success with a spare of its
-    destination at hand starts it at once and hands it its slot."""
     """Claim (first_attempt_share 0.25 of the limit in reserve, as a worker's default),
     then answer each claim by the plan's outcome mix, until nothing is left; with
     `refills`, as a worker does with capped destinations: each success asks the result
