@@ -82,6 +82,7 @@ CREATE TABLE deliveries (
     holds_slot boolean DEFAULT false NOT NULL,
     claim_token bigint,
     tenant_id bigint NOT NULL,
+    holds_tenant_slot boolean DEFAULT false NOT NULL,
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::delivery_status, 'in_flight'::delivery_status]))),
     CONSTRAINT deliveries_pkey PRIMARY KEY (id)
 );
@@ -178,6 +179,7 @@ CREATE TABLE tenants (
     CONSTRAINT tenants_pkey PRIMARY KEY (id)
 );
 CREATE INDEX tenants_disabled_idx ON tenants (id) WHERE (disabled AND (deleted_at IS NULL));
+CREATE INDEX tenants_set_aside_idx ON tenants (id) WHERE ((disabled OR (max_in_flight IS NOT NULL) OR (rate_limit IS NOT NULL)) AND (deleted_at IS NULL));
 CREATE UNIQUE INDEX tenants_uid_idx ON tenants (uid) WHERE (deleted_at IS NULL);
 
 CREATE TABLE api_keys (

@@ -1,10 +1,12 @@
 """max_in_flight with several concurrent claimers: the cap is never exceeded, and each
 capped destination's slot counter equals the number of its in-flight deliveries holding a
-slot after every step, whatever mix of claims, results, releases, reaps and slot refills
-(a result write that claims the freed slots again, refill_slots.sql) runs at once. Some
-claimers also hold spares (claims that take no slot) and hand a success's slot on to one
-(record_results.sql, `handed`), as a worker does: the requests they have "running" for
-a destination, counted across claimers, never exceed its cap.
+slot after every step, and likewise each tenant's with a max_in_flight of its own over all
+its destinations (claim_limited_tenants.sql, holds_tenant_slot), whatever mix of claims,
+results, releases, reaps and slot refills (a result write that claims the freed slots
+again, refill_slots.sql) runs at once. Some claimers also hold spares (claims that take
+no slot) and hand a success's slot on to one (record_results.sql, `handed`), as a worker
+does: the requests they have "running" for a destination or a tenant, counted across
+claimers, never exceed its cap.
 
 Each claimer is a thread with the worker's own claim and record path (tests/kit/
 worker_path.py: its two connections and the queue_async functions DeliveryWorker and its
@@ -54,57 +56,72 @@ NO_BREAKER = BreakerSettings(threshold=1_000_000_000)
 # Every retry is due at once; the last attempt's failure is dead.
 SCHEDULE = (0.0,) * (MAX_ATTEMPTS - 1)
 
-# Per capped destination, in one snapshot: its counter, the in-flight deliveries holding a
-# slot, and its cap. (More rows than the cap may be in flight: spares hold no slot.)
+# Per capped destination and per capped tenant, in one snapshot: its counter, the
+# in-flight deliveries holding one of its slots, and its cap. (More rows than a
+# destination's cap may be in flight: spares hold no slot.)
 CHECK = """
-SELECT dest.id, dest.in_flight, dest.max_in_flight,
+SELECT 'destination', dest.id, dest.in_flight, dest.max_in_flight,
        count(d.id) FILTER (WHERE d.holds_slot) AS holding
   FROM destinations dest
   LEFT JOIN deliveries d ON d.destination_id = dest.id AND d.status = 'in_flight'
  WHERE dest.max_in_flight IS NOT NULL
  GROUP BY dest.id
+UNION ALL
+SELECT 'tenant', t.id, t.in_flight, t.max_in_flight,
+       count(d.id) FILTER (WHERE d.holds_tenant_slot) AS holding
+  FROM tenants t
+  LEFT JOIN deliveries d ON d.tenant_id = t.id AND d.status = 'in_flight'
+ WHERE t.max_in_flight IS NOT NULL
+ GROUP BY t.id
 """
 
 
 def violations(conn: psycopg.Connection) -> list[str]:
     found = []
-    for dest, counter, cap, holding in conn.execute(CHECK).fetchall():
+    for kind, key, counter, cap, holding in conn.execute(CHECK).fetchall():
         if counter != holding:
-            found.append(f"destination {dest}: counter {counter}, {holding} holding a slot")
+            found.append(f"{kind} {key}: counter {counter}, {holding} holding a slot")
         if holding > cap:
-            found.append(f"destination {dest}: {holding} slots held over its cap {cap}")
+            found.append(f"{kind} {key}: {holding} slots held over its cap {cap}")
     return found
 
 
 class Running:
-    """The requests the claimers have running per destination (a claim that holds a
-    slot, from its claim to its answer; a spare, from the answer that handed it a slot to
-    its own), checked against the caps at every start."""
+    """The requests the claimers have running per destination and per tenant (a claim
+    that holds a slot, from its claim to its answer; a spare, from the answer that handed
+    it a slot to its own), checked against the caps at every start."""
 
-    def __init__(self, caps: dict[int, int | None]) -> None:
-        self.caps = caps
+    def __init__(self, caps: dict[int, int | None], owners: dict[int, int],
+                 tenant_caps: dict[int, int | None]) -> None:
+        self.caps = {("destination", d): cap for d, cap in caps.items()}
+        self.caps |= {("tenant", t): cap for t, cap in tenant_caps.items()}
+        self.owners = owners  # destination -> tenant
         self.lock = threading.Lock()
-        self.count: dict[int, int] = {}
+        self.count: dict[tuple[str, int], int] = {}
+
+    def _keys(self, claim: queue.Claim) -> list[tuple[str, int]]:
+        keys = [("destination", claim.destination_id),
+                ("tenant", self.owners[claim.destination_id])]
+        return [key for key in keys if self.caps[key] is not None]
 
     def start(self, claim: queue.Claim, found: list[str]) -> None:
-        cap = self.caps[claim.destination_id]
-        if cap is None:
-            return
-        with self.lock:
-            n = self.count[claim.destination_id] = self.count.get(claim.destination_id, 0) + 1
-        if n > cap:
-            found.append(f"destination {claim.destination_id}: {n} requests running"
-                         f" over its cap {cap}")
+        for key in self._keys(claim):
+            with self.lock:
+                n = self.count[key] = self.count.get(key, 0) + 1
+            if n > (cap := self.caps[key] or 0):
+                found.append(f"{key[0]} {key[1]}: {n} requests running over its cap {cap}")
 
     def end(self, claim: queue.Claim) -> None:
-        if self.caps[claim.destination_id] is not None:
+        for key in self._keys(claim):
             with self.lock:
-                self.count[claim.destination_id] -= 1
+                self.count[key] -= 1
 
 
 @dataclass(frozen=True)
 class Plan:
     caps: tuple[int | None, ...]  # one destination each; None: uncapped
+    tenant_caps: tuple[int | None, ...]  # one tenant each; None: no max_in_flight of its own
+    owners: tuple[int, ...]  # per destination: its tenant's index in tenant_caps
     events: int
     seeds: tuple[int, ...]  # one claimer each
     max_limit: int
@@ -118,8 +135,14 @@ def plans(draw: st.DrawFn) -> Plan:
     caps = tuple(draw(st.lists(st.one_of(st.none(), st.integers(1, 6)), min_size=1,
                                max_size=4)))
     claimers = draw(st.integers(2, 6))
+    tenant_caps = tuple(draw(st.lists(st.one_of(st.none(), st.integers(1, 8)), min_size=1,
+                                      max_size=3)))
+    caps = caps if any(c is not None for c in caps) else (*caps, 3)
     return Plan(
-        caps=caps if any(c is not None for c in caps) else (*caps, 3),
+        caps=caps,
+        tenant_caps=tenant_caps,
+        owners=tuple(draw(st.lists(st.integers(0, len(tenant_caps) - 1), min_size=len(caps),
+                                   max_size=len(caps)))),
         events=draw(st.integers(1, 60)),
         seeds=tuple(draw(st.lists(st.integers(0, 2**32), min_size=claimers,
                                   max_size=claimers))),
@@ -279,13 +302,25 @@ def watch(dsn: str, found: list[str], done: threading.Event) -> int:
 
 def run_plan(dsn: str, conn: psycopg.Connection, plan: Plan) -> list[str]:
     truncate_all(conn)
-    destinations = [add_destination(conn, max_in_flight=cap) for cap in plan.caps]
+    tenants = [int(conn.execute("INSERT INTO tenants (uid, max_in_flight) VALUES (%s, %s)"
+                                " RETURNING id", (f"t{n}", cap)).fetchone()[0])  # type: ignore[index]
+               for n, cap in enumerate(plan.tenant_caps)]
+    destinations = [add_destination(conn, max_in_flight=cap, tenant_id=tenants[owner])
+                    for cap, owner in zip(plan.caps, plan.owners, strict=True)]
+    owners = {dest: tenants[owner]
+              for dest, owner in zip(destinations, plan.owners, strict=True)}
     with conn.transaction():
-        queue_sync.enqueue_events(conn, [EventIn("t", "{}", destinations)
-                                    for _ in range(plan.events)])
+        # Each event to every destination of one tenant, the tenants in turn.
+        queue_sync.enqueue_events(conn, [
+            EventIn("t", "{}", [d for d in destinations if owners[d] == tenant],
+                    tenant_id=tenant)
+            for n in range(plan.events)
+            for tenant in [tenants[n % len(tenants)]]
+            if tenant in owners.values()])
     found: list[str] = []
     done = threading.Event()
-    running = Running(dict(zip(destinations, plan.caps, strict=True)))
+    running = Running(dict(zip(destinations, plan.caps, strict=True)), owners,
+                      dict(zip(tenants, plan.tenant_caps, strict=True)))
     threads = [threading.Thread(target=claimer,
                                 args=(dsn, f"w{n}", plan, seed, refills, spares, running,
                                       found, done))
@@ -308,9 +343,10 @@ def run_plan(dsn: str, conn: psycopg.Connection, plan: Plan) -> list[str]:
     left = conn.execute("SELECT count(*) FROM deliveries").fetchone()
     if left and left[0]:
         found.append(f"{left[0]} deliveries left undrained")
-    counters = conn.execute("SELECT sum(in_flight) FROM destinations").fetchone()
-    if counters and counters[0]:
-        found.append(f"slot counters at {counters[0]} with nothing in flight")
+    counters = conn.execute("SELECT (SELECT sum(in_flight) FROM destinations),"
+                            " (SELECT sum(in_flight) FROM tenants)").fetchone()
+    if counters and any(counters):
+        found.append(f"slot counters at {counters} with nothing in flight")
     return found
 
 

@@ -390,7 +390,8 @@ def test_reaper_scans_only_in_flight_rows(
         tx, mode, queries.RETURN_CLAIMS, "text, bool, text, int, int",
         list(ReturnClaimsParams(
             locked_by=None, only_expired=True, reason="lease expired", max_attempts=10,
-            batch_limit=queue.RETURN_BATCH, advisory_lock_class=queue.BREAKER_LOCK_CLASS)),
+            batch_limit=queue.RETURN_BATCH, advisory_lock_class=queue.BREAKER_LOCK_CLASS,
+            tenant_advisory_lock_class=queue.TENANT_LOCK_CLASS)),
     )
     report(record_property, "reap_expired", mode, explained)
     lost = cte(explained, "lost")

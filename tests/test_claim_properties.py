@@ -993,7 +993,8 @@ class QueueMachine(RuleBasedStateMachine):
         reap = ReturnClaimsParams(
             locked_by=None, only_expired=True, reason="lease expired",
             max_attempts=self.max_attempts, batch_limit=queue.RETURN_BATCH,
-            advisory_lock_class=queue.BREAKER_LOCK_CLASS)
+            advisory_lock_class=queue.BREAKER_LOCK_CLASS,
+            tenant_advisory_lock_class=queue.TENANT_LOCK_CLASS)
 
         async def deliver_everything(conn: psycopg.AsyncConnection) -> None:
             async with conn.transaction(force_rollback=True):

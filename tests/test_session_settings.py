@@ -115,7 +115,8 @@ def hot_statements(data: dict[str, Any]) -> list[tuple[str, Statement, Sequence[
         return ReturnClaimsParams(
             locked_by=locked_by, only_expired=only_expired, reason=reason,
             max_attempts=MAX_ATTEMPTS, batch_limit=queue.RETURN_BATCH,
-            advisory_lock_class=queue.BREAKER_LOCK_CLASS)
+            advisory_lock_class=queue.BREAKER_LOCK_CLASS,
+            tenant_advisory_lock_class=queue.TENANT_LOCK_CLASS)
 
     return [
         ("lock_capped_destinations", queries.LOCK_CAPPED_DESTINATIONS,

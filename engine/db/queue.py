@@ -28,6 +28,13 @@ CAPPED_CLAIM_LOCK_CLASS = BREAKER_LOCK_CLASS
 # wait for it. A claim that locked this many may have left others with room and due work:
 # its commit wakes every claimer (engine/queue_async.claim_batch).
 CAPPED_LOCKS_PER_CLAIM = 32
+# pg_advisory_xact_lock(class, tenant id) key space: "changing this tenant's slot count or
+# next send time" (claims for a tenant with limits of its own, result writes, the reaper:
+# lock_limited_tenants.sql). Its own class: tenant and destination ids overlap.
+TENANT_LOCK_CLASS = 0x656E74
+# Limited tenants one claim locks at most (lock_limited_tenants.sql), as for capped
+# destinations: each lock is held until the claim commits.
+LIMITED_TENANTS_PER_CLAIM = 16
 RETURN_BATCH = 1000
 REPLAY_BATCH = 500
 
@@ -45,6 +52,7 @@ def return_claims(
     params = ReturnClaimsParams(
         locked_by=worker, only_expired=only_expired, reason=reason, max_attempts=max_attempts,
         batch_limit=RETURN_BATCH, advisory_lock_class=BREAKER_LOCK_CLASS,
+        tenant_advisory_lock_class=TENANT_LOCK_CLASS,
     )
 
     def one_batch() -> int:

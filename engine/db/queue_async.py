@@ -20,12 +20,16 @@ from engine.db.queue import (
     BREAKER_LOCK_CLASS,
     CAPPED_CLAIM_LOCK_CLASS,
     CAPPED_LOCKS_PER_CLAIM,
+    LIMITED_TENANTS_PER_CLAIM,
     REPLAY_BATCH,
+    TENANT_LOCK_CLASS,
 )
 from engine.db.sql_params import (
     ClaimBatchParams,
+    ClaimLimitedTenantsParams,
     EnqueueEventsParams,
     LockCappedDestinationsParams,
+    LockLimitedTenantsParams,
     NotifyDeliveriesParams,
     RecordResultsParams,
     RefillSlotsParams,
@@ -38,6 +42,8 @@ from engine.domain import OUTCOMES, BreakerSettings, Claim, EventIn, Result
 _RESULTS_ENCODER = msgspec.json.Encoder()
 _LOCK_CAPPED = LockCappedDestinationsParams(
     advisory_lock_class=CAPPED_CLAIM_LOCK_CLASS, limit=CAPPED_LOCKS_PER_CLAIM)
+_LOCK_LIMITED = LockLimitedTenantsParams(
+    advisory_lock_class=TENANT_LOCK_CLASS, limit=LIMITED_TENANTS_PER_CLAIM)
 _NOTIFY = NotifyDeliveriesParams(notification_channel=queries.NOTIFY_CHANNEL)
 
 # A row of take_rate_tokens.sql: destination id, tokens, first send time, statement time.
@@ -76,17 +82,31 @@ async def claim_batch(
     round trips instead of four. On a busy machine every round trip waits for the backend
     to be scheduled, and the claim is what a worker's free slots wait for."""
     async with conn.pipeline() as pipeline, conn.transaction():
-        # The capped destinations' locks come first: the claim's snapshot must be taken
-        # after them (lock_capped_destinations.sql). The rate-limit tokens go in the same
-        # round trip (take_rate_tokens.sql).
+        # The capped destinations' and the limited tenants' locks come first: the claims'
+        # snapshots must be taken after them (lock_capped_destinations.sql,
+        # lock_limited_tenants.sql). The rate-limit tokens go in the same round trip
+        # (take_rate_tokens.sql).
         locked = await queries.LOCK_CAPPED_DESTINATIONS.run(conn, _LOCK_CAPPED)
         booked = await queries.TAKE_RATE_TOKENS.run(conn, TakeRateTokensParams(
             limit=limit, destination_ids=list(skip_destinations)))
+        tenants_locked = await queries.LOCK_LIMITED_TENANTS.run(conn, _LOCK_LIMITED)
         await pipeline.sync()
         capped = [row[0] for row in await locked.fetchall()]
         tokens: list[RateBooking] = await booked.fetchall()
+        limited_tenants = [row[0] for row in await tenants_locked.fetchall()]
+        limited_rows: list[Sequence[Any]] = []
+        if limited_tenants:
+            # A round trip more, only while tenants with limits of their own have due
+            # work: claim_batch.sql is bound to what this claim leaves of `limit`.
+            limited = await queries.CLAIM_LIMITED_TENANTS.run(conn, ClaimLimitedTenantsParams(
+                worker_id=worker, limit=limit, lease_ms=lease_ms, tenant_ids=limited_tenants,
+                capped_destination_ids=capped, destination_ids=list(skip_destinations)))
+            await pipeline.sync()
+            limited_rows = await limited.fetchall()
+        # Run even with no room left: it gives back the rate tokens booked above.
         claimed = await queries.CLAIM_BATCH.run(conn, ClaimBatchParams(
-            worker_id=worker, limit=limit, first_attempt_reserve=first_attempt_reserve,
+            worker_id=worker, limit=limit - len(limited_rows),
+            first_attempt_reserve=first_attempt_reserve,
             lease_ms=lease_ms, capped_destination_ids=capped,
             destination_ids=list(skip_destinations),
             rate_limited_destination_ids=[booking[0] for booking in tokens],
@@ -97,7 +117,8 @@ async def claim_batch(
     # The last column is the same on every row: the tenant the fair share served last.
     if rows and tenant_cursor is not None and rows[0][-1] is not None:
         tenant_cursor.after = rows[0][-1]
-    claims = _claims([row[:-1] for row in rows], tokens)
+    # claim_limited_tenants.sql set its claims' send times itself.
+    claims = [Claim(*row) for row in limited_rows] + _claims([row[:-1] for row in rows], tokens)
     if (len(capped) >= CAPPED_LOCKS_PER_CLAIM and claims) or (
             announce_backlog and len(claims) >= limit):
         # A claim that locked its most capped destinations: others may have room and due
@@ -163,6 +184,7 @@ def record_params(
         advisory_lock_class=BREAKER_LOCK_CLASS,
         notification_channel=queries.NOTIFY_CHANNEL,
         refilled_destination_ids=list(refilled),
+        tenant_advisory_lock_class=TENANT_LOCK_CLASS,
     )
 
 

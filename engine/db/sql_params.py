@@ -35,6 +35,20 @@ class LockCappedDestinationsParams(NamedTuple):
     limit: int
 
 
+class LockLimitedTenantsParams(NamedTuple):
+    advisory_lock_class: int
+    limit: int
+
+
+class ClaimLimitedTenantsParams(NamedTuple):
+    worker_id: str
+    limit: int
+    lease_ms: int
+    tenant_ids: list[int]  # what lock_limited_tenants.sql just locked
+    capped_destination_ids: list[int]  # what lock_capped_destinations.sql just locked
+    destination_ids: list[int]  # those this worker wants none of now
+
+
 class RecordResultsParams(NamedTuple):
     worker_id: str
     results: str  # JSON
@@ -44,6 +58,7 @@ class RecordResultsParams(NamedTuple):
     advisory_lock_class: int
     notification_channel: str
     refilled_destination_ids: list[int]  # refilled in the same transaction: no wake-up
+    tenant_advisory_lock_class: int
 
 
 class RefillSlotsParams(NamedTuple):
@@ -61,6 +76,7 @@ class ReturnClaimsParams(NamedTuple):
     max_attempts: int
     batch_limit: int
     advisory_lock_class: int
+    tenant_advisory_lock_class: int
 
 
 class EnqueueEventsParams(NamedTuple):

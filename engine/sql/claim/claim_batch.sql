@@ -83,10 +83,16 @@
 -- tenants: the claim stays work conserving. The first-attempt reserve ($3) applies to
 -- that remainder. The plain scans walk past the rows `fair` took (they are locked by this
 -- transaction, which SKIP LOCKED does not skip).
--- A disabled tenant's deliveries are claimed by no branch (`disabled_tenants`; a deleted
--- tenant's destinations are deleted with it, tenant_delete.sql).
-WITH RECURSIVE disabled_tenants AS (
-    SELECT array(SELECT id FROM tenants WHERE disabled AND deleted_at IS NULL) AS ids
+-- The deliveries of a disabled tenant, and of one with a max_in_flight or a rate_limit of
+-- its own, are claimed by no branch here (`set_aside_tenants`): the limited ones are
+-- claimed by claim_limited_tenants.sql, the statement before this one, within their
+-- limits (docs/decisions/0027), and $2 is what that left. A deleted tenant's destinations
+-- are deleted with it (tenant_delete.sql).
+WITH RECURSIVE set_aside_tenants AS (
+    -- tenants_set_aside_idx (schema/019): one descent, none found in the common case.
+    SELECT array(SELECT id FROM tenants
+                  WHERE (disabled OR max_in_flight IS NOT NULL OR rate_limit IS NOT NULL)
+                    AND deleted_at IS NULL) AS ids
 ), probed_destinations AS (
     UPDATE destinations dest
        SET breaker = 'half_open',
@@ -94,7 +100,7 @@ WITH RECURSIVE disabled_tenants AS (
       FROM (SELECT id FROM destinations
              WHERE breaker <> 'closed' AND paused_until <= now()
                AND NOT disabled AND NOT paused AND deleted_at IS NULL
-               AND tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
+               AND tenant_id <> ALL ((SELECT ids FROM set_aside_tenants)::bigint[])
                AND EXISTS (SELECT 1 FROM deliveries d
                             WHERE d.destination_id = destinations.id
                               AND d.status = 'pending' AND d.next_attempt_at <= now())
@@ -122,7 +128,7 @@ WITH RECURSIVE disabled_tenants AS (
     SELECT r.destination_id, c.id, c.next_attempt_at
       FROM unnest($7::bigint[], $8::int[]) AS r(destination_id, tokens)
       JOIN destinations dest ON dest.id = r.destination_id
-                            AND dest.tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
+                            AND dest.tenant_id <> ALL ((SELECT ids FROM set_aside_tenants)::bigint[])
      CROSS JOIN LATERAL (
            SELECT d.id, d.next_attempt_at FROM claimable_deliveries d
             WHERE d.destination_id = dest.id
@@ -173,7 +179,7 @@ WITH RECURSIVE disabled_tenants AS (
        AND dest.rate_limit IS NULL  -- those are claimed through `rated`
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
        AND dest.breaker = 'closed'
-       AND dest.tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
+       AND dest.tenant_id <> ALL ((SELECT ids FROM set_aside_tenants)::bigint[])
 ), fair_room AS (
     SELECT greatest(0, (SELECT n FROM room) - (SELECT count(*) FROM capped)) AS n
 ), tenant_walk AS (
@@ -224,6 +230,7 @@ WITH RECURSIVE disabled_tenants AS (
       FROM tenant_walk w
       JOIN tenants t ON t.id = w.tenant_id
      WHERE NOT t.disabled AND t.deleted_at IS NULL
+       AND t.max_in_flight IS NULL AND t.rate_limit IS NULL
        AND (w.last_pending_at <= now()
             OR EXISTS (SELECT 1 FROM (SELECT 1 FROM deliveries d
                                        WHERE d.status = 'pending'
@@ -272,7 +279,7 @@ WITH RECURSIVE disabled_tenants AS (
               AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
               AND dest.breaker = 'closed'
               AND dest.id <> ALL ($6::bigint[])
-              AND dest.tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
+              AND dest.tenant_id <> ALL ((SELECT ids FROM set_aside_tenants)::bigint[])
               AND EXISTS (SELECT 1 FROM deliveries d
                            WHERE d.destination_id = dest.id AND d.status = 'pending'
                              AND d.next_attempt_at <= now())) AS found
@@ -287,7 +294,7 @@ WITH RECURSIVE disabled_tenants AS (
        AND dest.max_in_flight IS NULL
        AND dest.rate_limit IS NULL
        AND d.destination_id <> ALL ($6::bigint[])
-       AND dest.tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
+       AND dest.tenant_id <> ALL ((SELECT ids FROM set_aside_tenants)::bigint[])
        AND d.id <> ALL ((SELECT fair_ids FROM plain_room)::bigint[])
        AND (SELECT found FROM uncapped_due)
      ORDER BY d.next_attempt_at
@@ -307,7 +314,7 @@ WITH RECURSIVE disabled_tenants AS (
        AND dest.max_in_flight IS NULL
        AND dest.rate_limit IS NULL
        AND d.destination_id <> ALL ($6::bigint[])
-       AND dest.tenant_id <> ALL ((SELECT ids FROM disabled_tenants)::bigint[])
+       AND dest.tenant_id <> ALL ((SELECT ids FROM set_aside_tenants)::bigint[])
        AND d.id <> ALL ((SELECT fair_ids FROM plain_room)::bigint[])
        AND (SELECT found FROM uncapped_due)
      ORDER BY d.next_attempt_at

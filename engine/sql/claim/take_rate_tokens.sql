@@ -43,8 +43,11 @@ WITH due AS (
       FROM destinations dest
      WHERE dest.rate_limit IS NOT NULL
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
-       -- not of a disabled tenant (tenants_disabled_idx: one descent, none found)
-       AND dest.tenant_id <> ALL (ARRAY(SELECT id FROM tenants WHERE disabled AND deleted_at IS NULL))
+       -- not of a disabled tenant, nor of one with limits of its own: claim_limited_tenants.sql
+       -- books those (tenants_set_aside_idx: one descent, none found)
+       AND dest.tenant_id <> ALL (ARRAY(SELECT id FROM tenants
+                    WHERE (disabled OR max_in_flight IS NOT NULL OR rate_limit IS NOT NULL)
+                      AND deleted_at IS NULL))
        AND dest.breaker = 'closed'
        AND dest.id <> ALL ($2::bigint[])
        AND (dest.rate_next_send_at IS NULL

@@ -11,6 +11,8 @@
 --   $7 notification channel text: the one idle workers LISTEN on (engine.db.queries)
 --   $8 refilled destination ids bigint[]: those whose freed slots this transaction claims again itself
 --      (refill_slots.sql, the next statement): nobody is woken for them
+--   $9 tenant advisory lock class int (the key space of "changing this tenant's slot count",
+--      lock_limited_tenants.sql)
 -- Returns the results applied, the breakers opened, the claimers woken and the
 -- operational events enqueued. The attempts also go to the console's per-minute rollup
 -- (`minutes`, schema/011).
@@ -90,7 +92,8 @@ WITH result AS (
        AND d.locked_by = $1
        AND d.claim_token IS NOT DISTINCT FROM coalesce(r.claim_token, d.claim_token)
        AND r.outcome IN ('retry', 'gone', 'released')
- RETURNING d.id, d.destination_id, r.outcome, d.holds_slot, d.event_id
+ RETURNING d.id, d.destination_id, r.outcome, d.holds_slot, d.event_id, d.tenant_id,
+           d.holds_tenant_slot
 ), applied AS (
     SELECT id, destination_id, outcome, event_id FROM finished
     UNION ALL
@@ -191,6 +194,25 @@ WITH result AS (
               JOIN destinations dest ON dest.id = destination_id) c
      WHERE c.breaker_changes OR c.slots_freed > 0
      ORDER BY c.destination_id
+), tenant_slots_freed AS MATERIALIZED (
+    -- Every applied result of a claim that took a slot under its tenant's max_in_flight
+    -- (claim_limited_tenants.sql, holds_tenant_slot) gives it back, 'released' included,
+    -- under the tenant's advisory lock. Those locks come after the destinations'
+    -- (`serialized`, which the condition reads first), in tenant id order: the claim takes
+    -- them in the same order (lock_limited_tenants.sql), so no cycle can form.
+    SELECT f.tenant_id, f.n, pg_advisory_xact_lock($9, (f.tenant_id % 2147483648)::int)
+      FROM (SELECT tenant_id, count(*) AS n
+              FROM (SELECT tenant_id FROM finished WHERE holds_tenant_slot
+                    UNION ALL
+                    SELECT tenant_id FROM requeued WHERE holds_tenant_slot) held
+             WHERE (SELECT count(*) FROM serialized) >= 0
+             GROUP BY tenant_id
+             ORDER BY tenant_id) f
+), tenant_slots_returned AS (
+    UPDATE tenants t
+       SET in_flight = t.in_flight - s.n
+      FROM tenant_slots_freed s
+     WHERE t.id = s.tenant_id
 ), breaker AS (
     -- The outcomes in order: a success closes the breaker and clears the count, so only
     -- the failures after the last success apply, to a closed breaker if there was one.

@@ -54,8 +54,11 @@ WITH wanted AS (
      WHERE dest.max_in_flight IS NOT NULL
        AND dest.rate_limit IS NULL
        AND NOT dest.disabled AND NOT dest.paused AND dest.deleted_at IS NULL
-       -- not of a disabled tenant (tenants_disabled_idx: one descent, none found)
-       AND dest.tenant_id <> ALL (ARRAY(SELECT id FROM tenants WHERE disabled AND deleted_at IS NULL))
+       -- not of a disabled tenant, nor of one with limits of its own, whose slots only
+       -- claim_limited_tenants.sql takes (tenants_set_aside_idx: one descent, none found)
+       AND dest.tenant_id <> ALL (ARRAY(SELECT id FROM tenants
+                    WHERE (disabled OR max_in_flight IS NOT NULL OR rate_limit IS NOT NULL)
+                      AND deleted_at IS NULL))
        AND dest.breaker = 'closed'
 ), numbered AS (
     SELECT id, row_number() OVER (PARTITION BY destination_id

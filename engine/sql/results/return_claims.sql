@@ -3,6 +3,7 @@
 --   $4 max_attempts int, $5 batch limit int,
 --   $6 advisory lock class int (as in record_results.sql: "changing this destination's
 --      slot count or breaker")
+--   $7 tenant advisory lock class int (as record_results.sql's $9)
 -- Used for a worker process that died (release_claims: all of its claims, at once) and
 -- for leases that ran out (reap_expired: any holder, typically a lost host).
 -- The attempt may have reached the destination, so it counts and is recorded; a delivery
@@ -14,6 +15,9 @@
 -- A returned claim that held a slot of its destination's max_in_flight gives it back,
 -- under the destination's advisory lock, taken in id order after the delivery rows
 -- (lock_capped_destinations.sql says why that order cannot deadlock).
+-- One that held a slot of its tenant's max_in_flight gives that back too, under the
+-- tenant's advisory lock, after the destinations' (record_results.sql,
+-- `tenant_slots_freed`).
 WITH lost AS (
     SELECT d.id, coalesce(array_length(dest.retry_schedule, 1) + 1, $4) AS max_attempts
       FROM deliveries d
@@ -29,7 +33,7 @@ WITH lost AS (
            next_attempt_at = now(), last_error = $3
       FROM lost
      WHERE d.id = lost.id AND d.attempt < lost.max_attempts
- RETURNING d.id, d.attempt, d.destination_id, d.holds_slot
+ RETURNING d.id, d.attempt, d.destination_id, d.holds_slot, d.tenant_id, d.holds_tenant_slot
 ), died AS (
     DELETE FROM deliveries d
      USING lost
@@ -55,6 +59,20 @@ WITH lost AS (
        SET in_flight = dest.in_flight - s.n
       FROM slots_freed s
      WHERE dest.id = s.destination_id
+), tenant_slots_freed AS MATERIALIZED (
+    SELECT f.tenant_id, f.n, pg_advisory_xact_lock($7, (f.tenant_id % 2147483648)::int)
+      FROM (SELECT tenant_id, count(*) AS n
+              FROM (SELECT tenant_id FROM requeued WHERE holds_tenant_slot
+                    UNION ALL
+                    SELECT tenant_id FROM died WHERE holds_tenant_slot) returned
+             WHERE (SELECT count(*) FROM slots_freed) >= 0
+             GROUP BY tenant_id
+             ORDER BY tenant_id) f
+), tenant_slots_returned AS (
+    UPDATE tenants t
+       SET in_flight = t.in_flight - s.n
+      FROM tenant_slots_freed s
+     WHERE t.id = s.tenant_id
 ), history AS (
     INSERT INTO delivery_attempts (delivery_id, destination_id, attempt, started_at, error)
     SELECT id, destination_id, attempt, now(), $3 FROM requeued
