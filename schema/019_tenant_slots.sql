@@ -1,5 +1,5 @@
 -- Tenant-wide max_in_flight and rate_limit, enforced by the claim (issue 39,
--- docs/decisions/0027-tenant-limits.md).
+-- docs/decisions/0029-tenant-limits.md).
 --
 -- deliveries.holds_tenant_slot: this in-flight delivery took one of its tenant's slots
 --   under the tenant's max_in_flight (claim_limited_tenants.sql), and its result, release

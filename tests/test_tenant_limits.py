@@ -1,4 +1,4 @@
-"""A tenant's own max_in_flight and rate_limit (claim_limited_tenants.sql, decision 0027),
+"""A tenant's own max_in_flight and rate_limit (claim_limited_tenants.sql, decision 0029),
 on the production claim and result path against a real database: the tenant's claims
 stay within both over all its destinations, whoever claims, while the rest of each claim
 goes to the other tenants; each destination's own limits still hold inside the tenant;

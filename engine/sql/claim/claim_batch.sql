@@ -86,7 +86,7 @@
 -- The deliveries of a disabled tenant, and of one with a max_in_flight or a rate_limit of
 -- its own, are claimed by no branch here (`set_aside_tenants`): the limited ones are
 -- claimed by claim_limited_tenants.sql, the statement before this one, within their
--- limits (docs/decisions/0027), and $2 is what that left. A deleted tenant's destinations
+-- limits (docs/decisions/0029), and $2 is what that left. A deleted tenant's destinations
 -- are deleted with it (tenant_delete.sql).
 WITH RECURSIVE set_aside_tenants AS (
     -- tenants_set_aside_idx (schema/019): one descent, none found in the common case.

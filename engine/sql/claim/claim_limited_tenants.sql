@@ -10,7 +10,7 @@
 -- send time under the rate limits (NULL: none) and how far ahead of this statement it
 -- is (`scheduled` says how they are set): Claim's fields, in order.
 --
--- Exact across processes and hosts (docs/decisions/0027): this statement's snapshot is
+-- Exact across processes and hosts (docs/decisions/0029): this statement's snapshot is
 -- taken after the tenants' advisory locks ($4) and the capped destinations' ($5), so
 -- their counters and next send times are as the previous holder committed them, and
 -- nobody else changes them until we commit.
@@ -27,7 +27,7 @@
 -- how a probe is won). The destinations are taken in a random order until the budget's
 -- worth have due work (one probe of deliveries_destination_idx each), each scanned in
 -- due order up to the least of its own room and the budget; the rows are then numbered
--- per tenant (probes first, then by due time) and kept up to the budget, and the claim's
+-- per tenant (`kept` says in which order) and kept up to the budget, and the claim's
 -- rows interleave the tenants up to $2. Rows scanned beyond that (a tenant with several
 -- destinations) stay locked, unclaimed, until we commit: at most the budget per
 -- destination scanned. FOR UPDATE is not allowed beside a window function, so the rows
@@ -146,7 +146,7 @@ WITH limited AS (
     -- the tenant's sends come closer than 1/rate; one per destination and claim, and the
     -- destination's next send time set 1/its rate after it, none of its own either.
     -- (Several per claim: a row moved later could come closer than 1/its rate to the
-    -- destination's next one; docs/decisions/0027.) Elsewhere a rate-limited
+    -- destination's next one; docs/decisions/0029.) Elsewhere a rate-limited
     -- destination's m-th row goes at its first send time + m / its rate, as in
     -- take_rate_tokens.sql.
     SELECT k.id, k.tenant_id, k.destination_id, k.destination_rate,

@@ -6,7 +6,7 @@
 --      its next send time", shared with record_results.sql and return_claims.sql)
 --   $2 limit int: the most tenants locked (engine.db.queue.LIMITED_TENANTS_PER_CLAIM)
 --
--- How the limits stay exact across processes and hosts (docs/decisions/0027): as a
+-- How the limits stay exact across processes and hosts (docs/decisions/0029): as a
 -- destination's cap (lock_capped_destinations.sql). tenants.in_flight counts the slots
 -- taken and rate_next_send_at is the tenant's next send time; everything that changes
 -- either holds the tenant's advisory lock: the claim (from here until it commits), the
