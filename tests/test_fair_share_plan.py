@@ -2,8 +2,10 @@
 `fair`; docs/decisions/0026) at 10,000 tenants with 3 destinations each: the walk visits
 a bounded number of tenants, one index descent each, and each share is an ordered index
 scan that stops at the share; nothing reads the queue or the tenants whole, nothing
-sorts the backlog. Custom and generic plans, as tests/test_claim_plan.py checks the rest
-of the claim; every EXPLAIN ANALYZE is rolled back.
+sorts the backlog; and the claim of tenants with limits of their own
+(claim_limited_tenants.sql) beside it. Custom and generic plans, as
+tests/test_claim_plan.py checks the rest of the claim; every EXPLAIN ANALYZE is rolled
+back.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ import psycopg
 import pytest
 
 from engine.db import queries
-from engine.db.sql_params import ClaimBatchParams
+from engine.db.queue import TENANT_LOCK_CLASS
+from engine.db.sql_params import (
+    ClaimBatchParams,
+    ClaimLimitedTenantsParams,
+    LockLimitedTenantsParams,
+)
 from tests.kit.dbserver import DatabaseFactory
 from tests.test_claim_plan import (
     LEASE_MS,
@@ -80,9 +87,10 @@ def tenants_tx(tenants_dsn: str) -> Iterator[psycopg.Connection]:
     yield from rolled_back(tenants_dsn)
 
 
-def explain_claim(tx: psycopg.Connection, mode: str, tenant_cursor: int) -> Plan:
+def explain_claim(tx: psycopg.Connection, mode: str, tenant_cursor: int,
+                  limit: int = CLAIM) -> Plan:
     params = ClaimBatchParams(
-        worker_id="plan-test", limit=CLAIM, first_attempt_reserve=12, lease_ms=LEASE_MS,
+        worker_id="plan-test", limit=limit, first_attempt_reserve=12, lease_ms=LEASE_MS,
         capped_destination_ids=[], destination_ids=[], rate_limited_destination_ids=[],
         tokens=[], tenant_cursor=tenant_cursor)
     return explain(tx, mode, queries.CLAIM_BATCH, TYPES, list(params))
@@ -160,3 +168,55 @@ def test_a_single_tenant_costs_the_walk_two_descents(
     assert rows_read(walk, "deliveries_tenant_due_idx") == 1
     assert cte(explained, "fair")["Actual Rows"] == 0
     assert cte(explained, "eligible_first")["Actual Rows"] == CLAIM
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_tenants_without_limits_cost_the_limited_claim_one_empty_index_scan(
+    tx: psycopg.Connection, mode: str, record_property: Any,
+) -> None:
+    """lock_limited_tenants.sql, the claim's statement for tenants with limits of their
+    own (docs/decisions/0029), with none among the 10,000: it reads tenants_set_aside_idx
+    and finds nothing, and never the tenants whole."""
+    explained = explain(tx, mode, queries.LOCK_LIMITED_TENANTS, "int, int", list(
+        LockLimitedTenantsParams(advisory_lock_class=TENANT_LOCK_CLASS, limit=16)))
+    report(record_property, "lock_limited_tenants_none", mode, explained)
+    plan = explained["Plan"]
+    assert plan["Actual Rows"] == 0
+    assert index_scans(plan, "tenants_set_aside_idx")
+    assert not seq_scanned(plan)
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_a_capped_tenants_backlog_is_claimed_by_index_up_to_its_room(
+    tx: psycopg.Connection, mode: str, record_property: Any,
+) -> None:
+    """The noisy tenant with a max_in_flight of 20: its lock is one descent of the
+    tenants' due index, its claim reads its destination's due rows by index up to its
+    room (nothing of the 200,000-row backlog beyond), and claim_batch.sql, bound to what
+    is left, shares it among the other tenants without reading the capped backlog."""
+    tx.execute("UPDATE tenants SET max_in_flight = 20 WHERE id = 1")
+    tx.execute("ANALYZE tenants")
+    locked = explain(tx, mode, queries.LOCK_LIMITED_TENANTS, "int, int", list(
+        LockLimitedTenantsParams(advisory_lock_class=TENANT_LOCK_CLASS, limit=16)))
+    report(record_property, "lock_limited_tenants_one", mode, locked)
+    assert locked["Plan"]["Actual Rows"] == 1
+    assert not seq_scanned(locked["Plan"]) & {"deliveries", "tenants"}
+    claimed = explain(
+        tx, mode, queries.CLAIM_LIMITED_TENANTS,
+        "text, int, int, bigint[], bigint[], bigint[]", list(ClaimLimitedTenantsParams(
+            worker_id="plan-test", limit=CLAIM, lease_ms=LEASE_MS, tenant_ids=[1],
+            capped_destination_ids=[], destination_ids=[])))
+    report(record_property, "claim_limited_tenants_capped_backlog", mode, claimed)
+    plan = claimed["Plan"]
+    assert plan["Actual Rows"] == 20
+    assert not seq_scanned(plan) & {"deliveries", "tenants", "events"}
+    assert rows_read(cte(claimed, "picked"), "deliveries_destination_idx") <= 20 + 1
+    sorted_rows = [n["Actual Rows"] * n["Actual Loops"] for n in nodes(plan)
+                   if n["Node Type"] == "Sort"]
+    assert max(sorted_rows, default=0) <= CLAIM, f"sorted {max(sorted_rows)} rows"
+    rest = explain_claim(tx, mode, 0, limit=CLAIM - 20)
+    report(record_property, "claim_batch_beside_a_capped_tenant", mode, rest)
+    assert rest["Plan"]["Actual Rows"] == CLAIM - 20
+    assert cte(rest, "fair")["Actual Rows"] == CLAIM - 20
+    for branch in ("eligible_first", "eligible_retry"):
+        assert rows_read(cte(rest, branch), "deliveries_claimable_idx") == 0, branch
