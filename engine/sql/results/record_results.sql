@@ -213,6 +213,7 @@ WITH result AS (
        SET in_flight = t.in_flight - s.n
       FROM tenant_slots_freed s
      WHERE t.id = s.tenant_id
+ RETURNING t.in_flight + s.n >= t.max_in_flight AS was_full
 ), breaker AS (
     -- The outcomes in order: a success closes the breaker and clears the count, so only
     -- the failures after the last success apply, to a closed breaker if there was one.
@@ -337,7 +338,12 @@ SELECT (SELECT count(*) FROM applied) + (SELECT count(*) FROM requeued
        -- was refilled once per poll interval. (Notifications of one transaction with the
        -- same payload are delivered once.) Not for those the caller refills ($8): their
        -- slots are taken again before this transaction commits.
+       -- A full tenant's likewise (claim_limited_tenants.sql; refill_slots.sql leaves
+       -- those alone).
        (SELECT count(*) FROM (SELECT pg_notify($7, '') FROM breaker
-                               WHERE was_full AND id <> ALL ($8::bigint[])) n)
+                               WHERE was_full AND id <> ALL ($8::bigint[])
+                              UNION ALL
+                              SELECT pg_notify($7, '') FROM tenant_slots_returned
+                               WHERE was_full) n)
            AS claimers_woken,
        (SELECT count(event_id) FROM operational_enqueued) AS operational_events
