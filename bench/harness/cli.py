@@ -80,8 +80,6 @@ SCENARIOS: dict[str, Scenario] = {
                              "drain", ("drain-slow",)),
     "many-destinations": OwnOptions("20,000 drained over 1,000 destinations, half capped",
                                     "drain", ("many-destinations",)),
-    "many-tenants": OwnOptions("30,000 drained over 10,000 tenants x 3 destinations",
-                               "drain", ("many-tenants",)),
     "capped-slow": OwnOptions("10,000 drained over 100 destinations capped at 5, 100 ms each",
                               "drain", ("capped-slow",)),
     "peers": OwnOptions("the drains in pairs against pgqueuer (python bench/peers.py)",

@@ -13,9 +13,9 @@ and --vs-unlimited likewise runs each repeat without it: a cap's or a limit's co
 does not bind, as the ratio of each pair in the summary). Destination
 mixes: many-destinations, 20,000 deliveries over 1,000 destinations answering at once,
 about half of them capped at 10-50; capped-slow, 10,000 over 100 destinations capped at 5
-answering after 100 ms (ceiling 5,000/s); many-tenants, 30,000 over 10,000 tenants with 3
-destinations each answering at once. Each report says whether the fake destination
-ever saw more concurrent requests for a capped destination than its cap.
+answering after 100 ms (ceiling 5,000/s). (A backlog over 10,000 tenants:
+bench/harness/tenants_scale.py, `bench/run.sh tenants-10k`.) Each report says whether the
+fake destination ever saw more concurrent requests for a capped destination than its cap.
 
 The backlog is in the queue when the engine starts, due 8 s later; meanwhile the engine
 sends --engine-warm deliveries to the same host under another name, which opens the
@@ -54,7 +54,7 @@ from bench.harness import stack
 from bench.harness.drain_watch import drain_report, drain_stats, summary, watch_drain
 from bench.harness.report import REPORTS, save_json
 from engine.config import Settings
-from engine.domain import DEFAULT_TENANT_ID, EventIn
+from engine.domain import EventIn
 from engine.testing.fakedest import FakeDestination
 from engine.worker.http.client import CurlPool, HttpResult
 
@@ -72,12 +72,6 @@ MIXES = {
     # ceiling is 100 x 5 / 0.1 s = 5,000 deliveries/s.
     "capped-slow": (10_000, 100),
 }
-# Apart from MIXES, so that `mixes` and peers' `all` run what they ran before: 10,000
-# tenants with 3 destinations each answering at once, one delivery each, the claim's fair
-# share among tenants at its widest (issue 39; compare drain-fast --count 30000, the same
-# deliveries to one tenant's one destination).
-TENANT_MIXES = {"many-tenants": (30_000, 30_000)}
-DESTINATIONS_PER_TENANT = 3
 CAPPED_SLOW_CAP = 5
 CAPPED_SLOW_CEILING = 5_000  # deliveries/s: 100 destinations x 5 slots / 100 ms
 MIX_SEED = 12  # the same caps on every run
@@ -100,7 +94,6 @@ class Target(NamedTuple):
     path: str
     cap: int | None
     count: int
-    tenant: int = 0  # the k-th tenant of the run; 0: `default`
 
 
 def targets(name: str, count: int | None, cap: int | None) -> list[Target]:
@@ -111,7 +104,7 @@ def targets(name: str, count: int | None, cap: int | None) -> list[Target]:
 
 
 def mix_targets(name: str, count: int | None) -> list[Target]:
-    total, destinations = (MIXES | TENANT_MIXES)[name]
+    total, destinations = MIXES[name]
     total = count or total
     rng = random.Random(MIX_SEED)
     found = []
@@ -119,8 +112,6 @@ def mix_targets(name: str, count: int | None) -> list[Target]:
         share = total // destinations + (1 if k < total % destinations else 0)
         if name == "capped-slow":
             found.append(Target(f"slow/100/drain/{k}", CAPPED_SLOW_CAP, share))
-        elif name == "many-tenants":
-            found.append(Target(f"fast/drain/{k}", None, share, 1 + k // DESTINATIONS_PER_TENANT))
         else:
             cap = rng.randint(10, 50) if rng.random() < 0.5 else None
             found.append(Target(f"fast/drain/{k}", cap, share))
@@ -194,11 +185,10 @@ def engine_warm_up_count(args: argparse.Namespace) -> int:
 
 def enqueue_backlog(
     dsn: str, destination: int | dict[int, int], count: int = 0, delay_s: float = 0,
-    tenants: dict[int, int] | None = None,
 ) -> None:
     """`count` deliveries to `destination` (or so many per destination id), interleaved,
     due in `delay_s`, committed at once, then the NOTIFY that ingress sends after each
-    commit. `tenants`: a destination's tenant id, if not `default`'s."""
+    commit."""
     counts = destination if isinstance(destination, dict) else {destination: count}
     left = dict(counts)
     order = []
@@ -208,19 +198,16 @@ def enqueue_backlog(
             left[dest_id] -= 1
             if not left[dest_id]:
                 del left[dest_id]
-    asyncio.run(_enqueue_backlog(dsn, order, list(counts), delay_s, tenants or {}))
+    asyncio.run(_enqueue_backlog(dsn, order, list(counts), delay_s))
 
 
 async def _enqueue_backlog(
     dsn: str, order: Sequence[int], destinations: list[int], delay_s: float,
-    tenants: dict[int, int],
 ) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         async with conn.transaction():
             await stack.enqueue(conn, [
-                EventIn("order.created", PAYLOAD, [dest_id],
-                        tenant_id=tenants.get(dest_id, DEFAULT_TENANT_ID))
-                for dest_id in order])
+                EventIn("order.created", PAYLOAD, [dest_id]) for dest_id in order])
             if delay_s:
                 # From now, not from the transaction's start: the enqueue before took
                 # seconds. One time for every row (the subquery is evaluated once): with
@@ -232,14 +219,6 @@ async def _enqueue_backlog(
                     "  FROM (SELECT clock_timestamp() + make_interval(secs => %s) AS at) due"
                     " WHERE destination_id = ANY(%s)", (delay_s, destinations))
         await conn.execute(stack.NOTIFY)
-
-
-def tenants(conn: psycopg.Connection, count: int) -> dict[int, int]:
-    """Tenant ids by their number in the run: 0 is `default`, 1..count new ones."""
-    rows = conn.execute(
-        "INSERT INTO tenants (uid) SELECT 'bench-' || g FROM generate_series(1, %s) g"
-        " RETURNING id", (count,)).fetchall()
-    return {0: DEFAULT_TENANT_ID} | {k: int(row[0]) for k, row in enumerate(rows, start=1)}
 
 
 def wait_until_recorded(
@@ -280,21 +259,16 @@ def run_scenario(
         psycopg.connect(dsn, autocommit=True) as conn,
     ):
         warm_destination(dest.url("fast/warm-up"), args.warm, args.procs * args.max_in_flight)
-        tenant_ids = tenants(conn, max(t.tenant for t in run))
         per_destination: dict[int, int] = {}
-        tenant_of: dict[int, int] = {}
         for t in run:
             dest_id = stack.add_destination(conn, dest.url(t.path), max_in_flight=t.cap,
-                                            rate_limit=rate_limit,
-                                            tenant_id=tenant_ids[t.tenant])
+                                            rate_limit=rate_limit)
             per_destination[dest_id] = t.count
-            tenant_of[dest_id] = tenant_ids[t.tenant]
         engine_warm = engine_warm_up_count(args)
         # With a warm-up, the backlog falls due a few seconds after the engine starts, when
         # its warm-up deliveries are done; it is in the queue, analyzed, all the same.
-        enqueue_backlog(dsn, per_destination, delay_s=BACKLOG_DELAY_S if engine_warm else 0,
-                        tenants=tenant_of)
-        conn.execute("VACUUM ANALYZE deliveries, events, destinations, tenants")
+        enqueue_backlog(dsn, per_destination, delay_s=BACKLOG_DELAY_S if engine_warm else 0)
+        conn.execute("VACUUM ANALYZE deliveries, events, destinations")
         warm_up = stack.add_destination(
             conn, dest.url(path[:path.index("drain")] + ENGINE_WARM_NAME))
         settings = stack.server_report(conn)
@@ -353,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/drain.py",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("scenario", nargs="?", default="all",
-                        choices=[*SCENARIOS, *MIXES, *TENANT_MIXES, "all", "mixes"],
+                        choices=[*SCENARIOS, *MIXES, "all", "mixes"],
                         help="all: drain-fast and drain-slow; mixes: many-destinations and"
                              " capped-slow")
     stack.add_server_arguments(parser)
