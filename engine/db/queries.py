@@ -91,6 +91,7 @@ LOCK_CAPPED_DESTINATIONS = Statement("lock_capped_destinations", p.LockCappedDes
 TAKE_RATE_TOKENS = Statement("take_rate_tokens", p.TakeRateTokensParams)
 LOCK_LIMITED_TENANTS = Statement("lock_limited_tenants", p.LockLimitedTenantsParams)
 CLAIM_LIMITED_TENANTS = Statement("claim_limited_tenants", p.ClaimLimitedTenantsParams)
+BOOK_SEND_TIMES = Statement("book_send_times", p.BookSendTimesParams)
 CLAIM_BATCH = Statement("claim_batch", p.ClaimBatchParams)
 NOTIFY_DELIVERIES = Statement("notify_deliveries", p.NotifyDeliveriesParams)
 # Results (engine/db/queue_async.py) and claims given back (engine/db/queue.py).

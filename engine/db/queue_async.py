@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from psycopg import AsyncConnection
 
-from engine.db import queries
+from engine.db import queries, send_schedule
 from engine.db.queue import (
     BREAKER_LOCK_CLASS,
     CAPPED_CLAIM_LOCK_CLASS,
@@ -25,6 +25,7 @@ from engine.db.queue import (
     TENANT_LOCK_CLASS,
 )
 from engine.db.sql_params import (
+    BookSendTimesParams,
     ClaimBatchParams,
     ClaimLimitedTenantsParams,
     EnqueueEventsParams,
@@ -103,6 +104,9 @@ async def claim_batch(
                 capped_destination_ids=capped, destination_ids=list(skip_destinations)))
             await pipeline.sync()
             limited_rows = await limited.fetchall()
+        limited_claims, booked_times = _limited_claims(limited_rows)
+        if booked_times.tenant_ids or booked_times.destination_ids:
+            await queries.BOOK_SEND_TIMES.run(conn, booked_times)
         # Run even with no room left: it gives back the rate tokens booked above.
         claimed = await queries.CLAIM_BATCH.run(conn, ClaimBatchParams(
             worker_id=worker, limit=limit - len(limited_rows),
@@ -118,7 +122,7 @@ async def claim_batch(
     if rows and tenant_cursor is not None and rows[0][-1] is not None:
         tenant_cursor.after = rows[0][-1]
     # claim_limited_tenants.sql set its claims' send times itself.
-    claims = [Claim(*row) for row in limited_rows] + _claims([row[:-1] for row in rows], tokens)
+    claims = limited_claims + _claims([row[:-1] for row in rows], tokens)
     if (len(capped) >= CAPPED_LOCKS_PER_CLAIM and claims) or (
             announce_backlog and len(claims) >= limit):
         # A claim that locked its most capped destinations: others may have room and due
@@ -160,9 +164,43 @@ def _claims(rows: Sequence[Sequence[Any]], rate_tokens: Sequence[RateBooking]) -
     return claims
 
 
+def _limited_claims(rows: Sequence[Sequence[Any]]) -> tuple[list[Claim], BookSendTimesParams]:
+    """claim_limited_tenants.sql's rows as Claims, each rate-limited one with its send time
+    (engine/db/send_schedule.py), and the next send times to book for them."""
+    by_tenant: dict[int, list[Sequence[Any]]] = {}
+    for row in rows:
+        by_tenant.setdefault(row[_CLAIM_FIELDS], []).append(row)
+    send_at: dict[int, dt.datetime] = {}
+    booked = BookSendTimesParams(tenant_ids=[], tenant_next_send_times=[],
+                                 destination_ids=[], destination_next_send_times=[])
+    for tenant, tenant_rows in by_tenant.items():
+        tenant_rate, tenant_first = tenant_rows[0][_CLAIM_FIELDS + 1:_CLAIM_FIELDS + 3]
+        schedule = send_schedule.tenant_schedule(
+            [send_schedule.Paced(row[0], row[_DESTINATION_COLUMN],
+                                 row[_RATE_LIMIT_COLUMN] if row[-2] is not None else None,
+                                 row[-2])
+             for row in tenant_rows], tenant_rate, tenant_first)
+        send_at |= schedule.send_at
+        if schedule.tenant_next_send_at is not None:
+            booked.tenant_ids.append(tenant)
+            booked.tenant_next_send_times.append(schedule.tenant_next_send_at)
+        for destination, next_send_at in schedule.destination_next_send_at.items():
+            booked.destination_ids.append(destination)
+            booked.destination_next_send_times.append(next_send_at)
+    claims = []
+    for row in rows:
+        at = send_at.get(row[0])
+        claims.append(Claim(*row[:_CLAIM_FIELDS]) if at is None else
+                      Claim(*row[:_CLAIM_FIELDS], at, (at - row[-1]).total_seconds()))
+    return claims, booked
+
+
 # Where claim_batch.sql's rows (Claim's fields, in order) have these.
 _DESTINATION_COLUMN = Claim.__struct_fields__.index("destination_id")
 _RATE_LIMIT_COLUMN = Claim.__struct_fields__.index("rate_limit")
+# claim_limited_tenants.sql's rows: Claim's fields up to holds_slot, then the tenant's id,
+# rate limit and first send time, the destination's first send time, the statement time.
+_CLAIM_FIELDS = Claim.__struct_fields__.index("holds_slot") + 1
 
 
 def record_params(

@@ -10,6 +10,7 @@ reordered on one side fails a test instead of binding a value to the wrong `$n`.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import NamedTuple
 
 
@@ -38,6 +39,13 @@ class LockCappedDestinationsParams(NamedTuple):
 class LockLimitedTenantsParams(NamedTuple):
     advisory_lock_class: int
     limit: int
+
+
+class BookSendTimesParams(NamedTuple):
+    tenant_ids: list[int]
+    tenant_next_send_times: list[dt.datetime]
+    destination_ids: list[int]
+    destination_next_send_times: list[dt.datetime]
 
 
 class ClaimLimitedTenantsParams(NamedTuple):

@@ -6,9 +6,11 @@
 --   $4 tenant ids bigint[]: those lock_limited_tenants.sql just locked
 --   $5 capped destination ids bigint[]: those lock_capped_destinations.sql just locked
 --   $6 destination ids bigint[] this worker wants none of now (claim_batch.sql's $6)
--- Returns claim_batch.sql's claim columns (without its tenant cursor), then each claim's
--- send time under the rate limits (NULL: none) and how far ahead of this statement it
--- is (`scheduled` says how they are set): Claim's fields, in order.
+-- Returns claim_batch.sql's claim columns (without its tenant cursor), then the tenant's
+-- id, rate_limit and first send time (a rate-limited tenant), the destination's first send
+-- time (a rate-limited destination) and the statement's time. From them the caller sets
+-- each claim's send time and the next send times, which book_send_times.sql writes in the
+-- same transaction (engine/db/send_schedule.py).
 --
 -- Exact across processes and hosts (docs/decisions/0029): this statement's snapshot is
 -- taken after the tenants' advisory locks ($4) and the capped destinations' ($5), so
@@ -21,9 +23,9 @@
 -- next with what is left, and shares it among the other tenants (decision 0026).
 -- Within a tenant each destination keeps its own limits: a capped destination gives at
 -- most its room, and only while this transaction holds its lock ($5); a rate-limited one
--- at most its own send times, booked here on its row (FOR NO KEY UPDATE SKIP LOCKED, as
--- take_rate_tokens.sql does, which leaves these tenants' destinations alone); one whose
--- breaker is open and whose pause ran out gets its single probe (claim_batch.sql says
+-- at most its own send times up to a second ahead, its row locked here (FOR NO KEY
+-- UPDATE SKIP LOCKED, as take_rate_tokens.sql does, which leaves these tenants'
+-- destinations alone); one whose breaker is open and whose pause ran out gets its single probe (claim_batch.sql says
 -- how a probe is won). The destinations are taken in a random order until the budget's
 -- worth have due work (one probe of deliveries_destination_idx each), each scanned in
 -- due order up to the least of its own room and the budget; the rows are then numbered
@@ -34,8 +36,10 @@
 -- are numbered outside the locking scans.
 -- Every row claimed takes one of its tenant's slots if the tenant is capped
 -- (holds_tenant_slot, given back by its result), and one of its destination's if that
--- is capped (holds_slot), a probe excepted, as in claim_batch.sql. The tenant's and the
--- rate-limited destinations' next send times move past the send times used.
+-- is capped (holds_slot), a probe excepted, as in claim_batch.sql. The rate limits' next
+-- send times are left to book_send_times.sql: where a destination and its tenant are
+-- both rate limited, the send times follow from both schedules at once, a sequential
+-- choice that engine/db/send_schedule.py makes.
 WITH limited AS (
     SELECT t.id AS tenant_id, t.max_in_flight, t.rate_limit,
            greatest(t.rate_next_send_at, statement_timestamp()) AS first_send_at,
@@ -52,7 +56,8 @@ WITH limited AS (
        AND (t.max_in_flight IS NOT NULL OR t.rate_limit IS NOT NULL)
 ), with_work AS (
     -- Up to the budget's worth of each tenant's healthy destinations with due work.
-    SELECT l.tenant_id, l.budget, l.rate_limit AS tenant_rate, w.*
+    SELECT l.tenant_id, l.budget, l.rate_limit AS tenant_rate,
+           l.first_send_at AS tenant_first_send_at, w.*
       FROM limited l
      CROSS JOIN LATERAL (
            SELECT shuffled.*
@@ -98,22 +103,29 @@ WITH limited AS (
        AND dest.breaker = 'closed'
        FOR NO KEY UPDATE OF dest SKIP LOCKED
 ), picked AS (
-    SELECT w.tenant_id, w.budget, w.destination_id, w.probe, w.holds_slot, w.rated,
-           w.destination_rate, w.destination_first_send_at, c.id, c.next_attempt_at
+    SELECT w.tenant_id, w.budget, w.destination_id, w.probe, w.holds_slot, c.id,
+           c.next_attempt_at
       FROM (SELECT ww.tenant_id, ww.budget, ww.destination_id,
                    p.id IS NOT NULL AS probe,
                    p.id IS NULL AND ww.max_in_flight IS NOT NULL AS holds_slot,
-                   r.id IS NOT NULL AS rated, r.rate_limit AS destination_rate,
-                   r.first_send_at AS destination_first_send_at,
                    CASE WHEN p.id IS NOT NULL THEN 1
                         WHEN ww.breaker <> 'closed' THEN 0
                         ELSE least(ww.budget,
                                    coalesce(ww.max_in_flight - ww.in_flight, ww.budget),
                                    CASE WHEN ww.rate_limit IS NULL THEN ww.budget
-                                        -- one per claim in a rate-limited tenant (below)
-                                        WHEN ww.tenant_rate IS NOT NULL
-                                        THEN least(1, coalesce(r.tokens, 0))
-                                        ELSE coalesce(r.tokens, 0) END) END AS room
+                                        ELSE coalesce(r.tokens, 0) END,
+                                   -- In a rate-limited tenant, its own send times that
+                                   -- fall within the tenant's budget's: a later one would
+                                   -- stretch the tenant's schedule, and leave its rate
+                                   -- unused (engine/db/send_schedule.py).
+                                   CASE WHEN ww.rate_limit IS NULL OR ww.tenant_rate IS NULL
+                                        OR r.id IS NULL THEN ww.budget
+                                        ELSE greatest(0, 1 + floor(ww.rate_limit * extract(
+                                            epoch FROM ww.tenant_first_send_at
+                                            + make_interval(secs => (ww.budget - 1)
+                                                                    / ww.tenant_rate)
+                                            - r.first_send_at)))::int END)
+                   END AS room
               FROM with_work ww
               LEFT JOIN probed p ON p.id = ww.destination_id
               LEFT JOIN rate_booked r ON r.id = ww.destination_id) w
@@ -125,44 +137,15 @@ WITH limited AS (
             LIMIT greatest(0, w.room)
               FOR UPDATE OF d SKIP LOCKED) c
 ), kept AS (
-    -- Numbered per tenant: probes first, the rate-limited destinations' rows last (in
-    -- the order of their own first send times), the rest in due order.
+    -- Numbered per tenant: probes first, then in due order.
     SELECT k.*
       FROM (SELECT n.*, row_number() OVER (ORDER BY n.k, n.tenant_id) AS overall
               FROM (SELECT p.*, row_number() OVER (PARTITION BY p.tenant_id
-                                                   ORDER BY p.probe DESC, p.rated,
-                                                            p.destination_first_send_at,
+                                                   ORDER BY p.probe DESC,
                                                             p.next_attempt_at, p.id) AS k
                       FROM picked p) n
              WHERE n.k <= n.budget) k
      WHERE k.overall <= $2
-), scheduled AS (
-    -- Send times. A rate-limited tenant's k-th row (from 1) goes at its first send time +
-    -- (k - 1) / rate. Its rows of a rate-limited destination (at most one per destination
-    -- and claim, numbered last) go no earlier than the destination's own first send time
-    -- either, and each at least 1/rate after the one before: the greedy schedule
-    -- t(i) = max(c(i), t(i - 1) + 1/rate), whose closed form is the running maximum below.
-    -- Numbered last, a row moved later passes no row of the tenant after it, so no two of
-    -- the tenant's sends come closer than 1/rate; one per destination and claim, and the
-    -- destination's next send time set 1/its rate after it, none of its own either.
-    -- (Several per claim: a row moved later could come closer than 1/its rate to the
-    -- destination's next one; docs/decisions/0029.) Elsewhere a rate-limited
-    -- destination's m-th row goes at its first send time + m / its rate, as in
-    -- take_rate_tokens.sql.
-    SELECT k.id, k.tenant_id, k.destination_id, k.destination_rate,
-           CASE WHEN l.rate_limit IS NOT NULL THEN greatest(
-                    l.first_send_at + make_interval(secs => (k.k - 1) / l.rate_limit),
-                    max(CASE WHEN k.rated THEN k.destination_first_send_at
-                                               - make_interval(secs => k.k / l.rate_limit)
-                             END) OVER (PARTITION BY k.tenant_id ORDER BY k.k)
-                        + make_interval(secs => k.k / l.rate_limit))
-                WHEN k.rated THEN k.destination_first_send_at
-                     + make_interval(secs => (row_number() OVER (PARTITION BY k.destination_id
-                                                                 ORDER BY k.k) - 1)
-                                             / k.destination_rate)
-           END AS send_at
-      FROM kept k
-      JOIN limited l ON l.tenant_id = k.tenant_id
 ), claimed AS (
     UPDATE deliveries d
        SET status = 'in_flight',
@@ -179,27 +162,16 @@ WITH limited AS (
            d.tenant_id, d.holds_tenant_slot
 ), tenants_taken AS (
     UPDATE tenants t
-       SET in_flight = t.in_flight + CASE WHEN l.max_in_flight IS NULL THEN 0 ELSE u.n END,
-           rate_next_send_at = CASE WHEN l.rate_limit IS NULL THEN t.rate_next_send_at
-                                    ELSE u.last_send_at
-                                         + make_interval(secs => 1 / l.rate_limit) END
-      FROM (SELECT c.tenant_id, count(*) AS n, max(s.send_at) AS last_send_at
-              FROM claimed c JOIN scheduled s ON s.id = c.id
-             GROUP BY c.tenant_id) u
-      JOIN limited l ON l.tenant_id = u.tenant_id
+       SET in_flight = t.in_flight + u.n
+      FROM (SELECT tenant_id, count(*) AS n FROM claimed WHERE holds_tenant_slot
+             GROUP BY tenant_id) u
      WHERE t.id = u.tenant_id
-), destinations_taken AS (
+), slots_taken AS (
     UPDATE destinations dest
-       SET in_flight = dest.in_flight + u.slots,
-           rate_next_send_at = CASE WHEN u.rate IS NULL THEN dest.rate_next_send_at
-                                    ELSE u.last_send_at
-                                         + make_interval(secs => 1 / u.rate) END
-      FROM (SELECT c.destination_id, count(*) FILTER (WHERE c.holds_slot) AS slots,
-                   max(s.destination_rate) AS rate, max(s.send_at) AS last_send_at
-              FROM claimed c JOIN scheduled s ON s.id = c.id
-             GROUP BY c.destination_id) u
+       SET in_flight = dest.in_flight + u.n
+      FROM (SELECT destination_id, count(*) AS n FROM claimed WHERE holds_slot
+             GROUP BY destination_id) u
      WHERE dest.id = u.destination_id
-       AND (u.slots > 0 OR u.rate IS NOT NULL)
 )
 SELECT c.id, c.event_id, c.destination_id, c.attempt,
        dest.url, dest.timeout_ms,
@@ -210,12 +182,14 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
        c.claim_token,
        coalesce(dest.in_flight + taken.n >= dest.max_in_flight, false) AS fills_cap,
        c.holds_slot,
-       s.send_at,
-       coalesce(extract(epoch FROM s.send_at - statement_timestamp())::float8, 0) AS send_delay_s
+       c.tenant_id, l.rate_limit AS tenant_rate_limit,
+       CASE WHEN l.rate_limit IS NOT NULL THEN l.first_send_at END AS tenant_first_send_at,
+       r.first_send_at AS destination_first_send_at, statement_timestamp()
   FROM claimed c
-  JOIN scheduled s ON s.id = c.id
+  JOIN limited l ON l.tenant_id = c.tenant_id
   JOIN destinations dest ON dest.id = c.destination_id
   JOIN events ev ON ev.id = c.event_id
+  LEFT JOIN rate_booked r ON r.id = c.destination_id
   LEFT JOIN (SELECT destination_id, count(*) AS n FROM claimed
               WHERE holds_slot GROUP BY destination_id) taken
     ON taken.destination_id = c.destination_id
