@@ -36,7 +36,7 @@ from engine.db import queue
 from engine.db.queue import BreakerSettings, EventIn, Result
 from engine.maintenance.reaper import reap_expired
 from tests.kit import queue_sync
-from tests.kit.data import LEASE_MS, add_destination, now
+from tests.kit.data import LEASE_MS, add_destination, add_tenant, now
 from tests.kit.dbserver import truncate_all
 from tests.kit.worker_path import WorkerPath, answer, released
 
@@ -302,8 +302,7 @@ def watch(dsn: str, found: list[str], done: threading.Event) -> int:
 
 def run_plan(dsn: str, conn: psycopg.Connection, plan: Plan) -> list[str]:
     truncate_all(conn)
-    tenants = [int(conn.execute("INSERT INTO tenants (uid, max_in_flight) VALUES (%s, %s)"
-                                " RETURNING id", (f"t{n}", cap)).fetchone()[0])  # type: ignore[index]
+    tenants = [add_tenant(conn, f"t{n}", max_in_flight=cap)
                for n, cap in enumerate(plan.tenant_caps)]
     destinations = [add_destination(conn, max_in_flight=cap, tenant_id=tenants[owner])
                     for cap, owner in zip(plan.caps, plan.owners, strict=True)]

@@ -23,7 +23,7 @@ from engine.db import queue
 from engine.db.queue import BreakerSettings, Claim, EventIn
 from engine.maintenance.reaper import reap_expired
 from tests.kit import queue_sync
-from tests.kit.data import LEASE_MS, add_destination, now
+from tests.kit.data import LEASE_MS, add_destination, add_tenant, now
 from tests.kit.dbserver import truncate_all
 from tests.kit.worker_path import WorkerPath, answer, released
 
@@ -32,15 +32,6 @@ pytestmark = pytest.mark.pg_versions
 MAX_ATTEMPTS = 4
 # timestamptz and timedelta count microseconds: each send time may be rounded by one.
 ROUNDING_S = 2e-6
-
-
-def add_tenant(conn: psycopg.Connection, uid: str, **limits: object) -> int:
-    names = ["uid", *limits]
-    row = conn.execute(
-        f"INSERT INTO tenants ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})"
-        " RETURNING id", [uid, *limits.values()]).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def backlog(conn: psycopg.Connection, tenant: int, destinations: list[int], events: int) -> None:

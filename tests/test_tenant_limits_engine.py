@@ -10,7 +10,6 @@ beside it, and every delivery arrives once.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from pathlib import Path
 
 import psycopg
@@ -18,27 +17,18 @@ import psycopg
 from engine.domain import EventIn
 from engine.testing.fakedest import FakeDestination
 from tests.kit import queue_sync
-from tests.kit.data import add_destination, count
+from tests.kit.data import add_destination, add_tenant, count
 from tests.kit.enginerun import wait_until
 from tests.kit.workers import engine
+from tests.test_rate_limit import WINDOW_MS, window_counts
 
 CAP = 5
 ANSWER_MS = 250
 CAPPED_EVENTS = 150
 PER_WORKER = 3  # --max-in-flight: less than the cap, so reaching it takes two processes
 RATE = 20.0
-WINDOW_MS = 10_000
 RATED_EVENTS = 300  # 15 s at the rate: a full 10 s window lies inside the backlog
 OTHER_EVENTS = 300
-
-
-def add_tenant(conn: psycopg.Connection, uid: str, **limits: object) -> int:
-    names = ["uid", *limits]
-    row = conn.execute(
-        f"INSERT INTO tenants ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})"
-        " RETURNING id", [uid, *limits.values()]).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def enqueue_spread(conn: psycopg.Connection, tenant: int, destinations: list[int],
@@ -82,12 +72,6 @@ def test_a_tenants_cap_is_exact_across_worker_processes(
     assert other_done == OTHER_EVENTS
     row = conn.execute("SELECT in_flight FROM tenants WHERE id = %s", (tenant,)).fetchone()
     assert row == (0,)
-
-
-def window_counts(times_ms: list[int]) -> list[int]:
-    """Requests in every 10 s window that starts at a request (the densest windows)."""
-    times_ms = sorted(times_ms)
-    return [bisect_left(times_ms, start + WINDOW_MS) - i for i, start in enumerate(times_ms)]
 
 
 def test_a_tenants_rate_holds_across_worker_processes(

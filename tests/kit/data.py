@@ -25,6 +25,16 @@ def add_destination(conn: psycopg.Connection, **columns: object) -> int:
     return int(row[0])
 
 
+def add_tenant(conn: psycopg.Connection, uid: str, **columns: object) -> int:
+    """A tenant row (its limits, `disabled`, ... as keyword columns); returns its id."""
+    names = ["uid", *columns]
+    row = conn.execute(
+        f"INSERT INTO tenants ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})"
+        " RETURNING id", [uid, *columns.values()]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def now(conn: psycopg.Connection) -> dt.datetime:
     row = conn.execute("SELECT now()").fetchone()
     assert row is not None
