@@ -58,7 +58,9 @@ def test_b_latency_counts_each_event_in_its_window() -> None:
                 Accepted(3, 150.0, 160.0), Accepted(4, 300.0, 310.0),
                 Accepted(5, 180.0, 190.0)]
     arrivals = {"evt_1": 30, "evt_6": 75, "evt_2": 400, "evt_3": 260, "evt_4": 320}
-    found = b_latencies(accepted, arrivals, Windows(fill_ms=50, due_ms=100, drained_ms=200))
+    started = {"evt_2": 380.0, "evt_3": 250.0, "evt_4": 315.0}  # evt_5 never arrived
+    found = b_latencies(accepted, arrivals, Windows(fill_ms=50, due_ms=100, drained_ms=200),
+                        started)
     assert found["accepted"] == 6
     assert found["never_delivered"] == 1
     assert found["latency_ms_b_alone"] == {
@@ -68,6 +70,11 @@ def test_b_latency_counts_each_event_in_its_window() -> None:
     assert found["latency_ms_while_a_drains"] == {
         "events": 2, "p50": 100.0, "p95": 300.0, "p99": 300.0, "max": 300.0}
     assert found["accept_ms"]["max"] == 10.0
+    # Split at the worker's request: in the engine, then on the way to the receiver.
+    assert found["while_a_drains_accepted_to_request_ms"] == {
+        "p50": 90.0, "p95": 280.0, "p99": 280.0, "max": 280.0}
+    assert found["while_a_drains_request_to_arrival_ms"] == {
+        "p50": 10.0, "p95": 20.0, "p99": 20.0, "max": 20.0}
 
 
 def test_noisy_neighbour_pairs_and_pass_lines() -> None:

@@ -139,14 +139,18 @@ class Windows(NamedTuple):
     drained_ms: float
 
 
-def b_latencies(accepted: Sequence[Accepted], arrivals: dict[str, int], windows: Windows
-                ) -> dict[str, Any]:
+def b_latencies(accepted: Sequence[Accepted], arrivals: dict[str, int], windows: Windows,
+                started: dict[str, float]) -> dict[str, Any]:
     """B's accept-to-delivered latency (ms) of the events accepted while B was alone
     (before A's backlog was written), while it was written and analyzed (the engine idle,
     PostgreSQL busy), and while A drained (from its backlog falling due to its last
     arrival; those after it are left out), with the 202's own latency, and the accepted
-    events that never arrived."""
+    events that never arrived. Those while A drains are split in two by when the worker
+    began the request that arrived (`started`: webhook-id -> unix ms, the worker's clock):
+    waiting in the engine, and the request's way to the receiver."""
     found: dict[str, list[float]] = {"alone": [], "written": [], "drains": []}
+    in_engine: list[float] = []
+    on_the_way: list[float] = []
     missing = 0
     for event in accepted:
         arrived = arrivals.get(f"evt_{event.event_id}")
@@ -162,12 +166,18 @@ def b_latencies(accepted: Sequence[Accepted], arrivals: dict[str, int], windows:
         else:
             continue
         found[window].append(round(arrived - event.accepted_ms, 1))
+        began = started.get(f"evt_{event.event_id}")
+        if window == "drains" and began is not None:
+            in_engine.append(round(began - event.accepted_ms, 1))
+            on_the_way.append(round(arrived - began, 1))
     return {
         "accepted": len(accepted),
         "never_delivered": missing,
         "accept_ms": percentiles([round(e.accepted_ms - e.sent_ms, 1) for e in accepted]),
         "latency_ms_while_a_drains": {"events": len(found["drains"]),
                                       **percentiles(found["drains"])},
+        "while_a_drains_accepted_to_request_ms": percentiles(in_engine),
+        "while_a_drains_request_to_arrival_ms": percentiles(on_the_way),
         "latency_ms_b_alone": {"events": len(found["alone"]), **percentiles(found["alone"])},
         "latency_ms_while_a_backlog_written": {"events": len(found["written"]),
                                                **percentiles(found["written"])},
@@ -194,6 +204,17 @@ def wait_drained(dest: FakeDestination, name: str, count: int, engine: stack.Eng
                   flush=True)
             shown = time.monotonic()
         time.sleep(0.2)
+
+
+def request_starts(conn: psycopg.Connection, destination_id: int) -> dict[str, float]:
+    """webhook-id -> unix ms at which a worker began the last request to the destination
+    (delivery_attempts.started_at), once the engine has recorded them."""
+    queue_settled(conn)
+    rows = conn.execute(
+        "SELECT f.event_id, max(extract(epoch FROM a.started_at) * 1000)"
+        " FROM finished_deliveries f JOIN delivery_attempts a ON a.delivery_id = f.id"
+        " WHERE f.destination_id = %s GROUP BY f.event_id", (destination_id,)).fetchall()
+    return {f"evt_{event_id}": float(ms) for event_id, ms in rows}
 
 
 def queue_settled(conn: psycopg.Connection) -> int:
@@ -255,7 +276,8 @@ def run_phase(admin_dsn: str, args: argparse.Namespace, with_b: bool) -> dict[st
                 "refused": sender.refused,
                 "duplicates": dest.name_stats(B_NAME).get("duplicates"),
                 **b_latencies(sender.accepted, dest.arrivals(B_NAME), Windows(
-                    fill_ms, due_ms, int(a_stats["last_request_ms"]))),
+                    fill_ms, due_ms, int(a_stats["last_request_ms"])),
+                    request_starts(conn, tenant_b.destination_id)),
             }
         left = queue_settled(conn)
         recorded = conn.execute(
