@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -55,6 +56,8 @@ class Settings:
     disable_after_s: float = 5 * 86400.0
     data_dir: Path = Path(".engine")
     api_token: str | None = None
+    # Origins allowed to embed the customer portal (CSP frame-ancestors); none by default.
+    portal_frame_ancestors: tuple[str, ...] = ()
 
     def validate(self) -> Settings:
         if self.procs < 1:
@@ -110,9 +113,28 @@ def _coerce(key: str, value: Any) -> tuple[str, Any]:
             return key, parse_allowed_networks(text)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    if key == "portal_frame_ancestors":
+        return key, parse_frame_ancestors(value if isinstance(value, str) else ",".join(value))
     if key == "data_dir":
         return key, Path(value)
     return key, value
+
+
+# An origin a page may be framed by: a scheme and host (a `*.` subdomain wildcard and a
+# port allowed), or 'self'. Nothing else reaches the header: no `;` or quote could end
+# the directive and add another.
+_FRAME_ANCESTOR = re.compile(
+    r"'self'|https?://(\*\.)?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*(:[0-9]{1,5})?")
+
+
+def parse_frame_ancestors(text: str) -> tuple[str, ...]:
+    origins = tuple(part for part in re.split(r"[,\s]+", text.strip()) if part)
+    for origin in origins:
+        if not _FRAME_ANCESTOR.fullmatch(origin):
+            raise ConfigError(
+                f"portal_frame_ancestors: {origin!r} is not an origin like"
+                " https://app.example.com, https://*.example.com or 'self'")
+    return origins
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:

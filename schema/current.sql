@@ -204,3 +204,13 @@ CREATE TABLE auth_generation (
     CONSTRAINT auth_generation_only_row_check CHECK (only_row),
     CONSTRAINT auth_generation_pkey PRIMARY KEY (only_row)
 );
+
+CREATE TABLE portal_signing_keys (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    secret bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    retired_at timestamp with time zone,
+    CONSTRAINT portal_signing_keys_secret_check CHECK ((length(secret) = 32)),
+    CONSTRAINT portal_signing_keys_pkey PRIMARY KEY (id)
+);
+CREATE UNIQUE INDEX portal_signing_keys_live_idx ON portal_signing_keys ((true)) WHERE (retired_at IS NULL);

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import psycopg
 import pytest
@@ -163,6 +163,8 @@ class World:
     default: Side
     a_key: str
     a_reader_key: str
+    a_portal: str  # A's portal link's token, and a read-only one's
+    a_portal_ro: str
     b_markers: list[bytes]
     b_ids: frozenset[int]
     b_snapshot: list[tuple[str, str]]
@@ -347,8 +349,13 @@ def world(server: IngressProcess, module_dsn: str) -> Iterator[World]:
                    *(k["key"].encode() for k in b_keys), *(k["prefix"].encode() for k in b_keys)]
         assert min(b.ids()) >= min(B_ID_START.values()) > max(a.ids() | default.ids())
         client = KeepAlive(server.port)
+        links = [admin(server, "POST", f"/v1/tenants/{A_UID}/portal", {"read_only": ro})
+                 for ro in (False, True)]
+        portal, portal_ro = (parse_qs(urlsplit(link["url"]).query)["token"][0]
+                             for link in links)
         made = World(server=server, client=client, db=db, a=a, b=b, default=default,
-                     a_key=a_key["key"], a_reader_key=a_reader["key"], b_markers=markers,
+                     a_key=a_key["key"], a_reader_key=a_reader["key"],
+                     a_portal=portal, a_portal_ro=portal_ro, b_markers=markers,
                      b_ids=b.ids(), b_snapshot=b_snapshot(db, b),
                      restore_sql=save_others(db, b))
         made.routes = documented_routes(client)
@@ -406,9 +413,13 @@ def documented_routes(client: KeepAlive) -> list[Route]:
 # unscoped paths of tenant-scoped routes (the default tenant's). The admin's unscoped
 # admin routes (/v1/tenants, /v1/overview, /metrics) show every tenant by design.
 # "reader" is A's key with the read scope alone: a route it lacks the scope for is 403
-# whatever the path names.
-ACTORS = ("key", "reader", "admin_a", "admin_default")
-KEY_SCOPES = {"key": frozenset({"send", "read", "manage"}), "reader": frozenset({"read"})}
+# whatever the path names. "portal" and "portal_ro" are A's portal links (issue 40): a
+# key's reach without `send`, and another tenant in the path is 401, not 404 (the link's
+# holder knows whose it is).
+ACTORS = ("key", "reader", "portal", "portal_ro", "admin_a", "admin_default")
+KEY_SCOPES = {"key": frozenset({"send", "read", "manage"}), "reader": frozenset({"read"}),
+              "portal": frozenset({"read", "manage"}), "portal_ro": frozenset({"read"})}
+PORTAL_ACTORS = frozenset({"portal", "portal_ro"})
 
 
 def actor_applies(actor: str, route: Route) -> bool:
@@ -496,11 +507,18 @@ def query_value(name: str, world: World, own: Side, pick: Pick) -> str | None:
         "until": [*_time_choices(world)[1:], None],
         "dead_since": _time_choices(world),
         "window": ["1h", "24h", "15m", None],
+        "token": [*portal_tokens(world), None],
     }
     assert name in choices, f"query parameter {name!r}: tests/test_tenant_isolation.py" \
         " has no values for it"
     value = pick(choices[name])
     return None if value is None else str(value)
+
+
+def portal_tokens(world: World) -> list[str]:
+    """A's portal tokens, and A's changed to name B's tenant (its signature then fails)."""
+    key, _, rest = world.a_portal.split(".", 2)
+    return [world.a_portal, world.a_portal_ro, f"{key}.{world.b.tenant_id}.{rest}"]
 
 
 def header_value(name: str, world: World, pick: Pick) -> str | None:
@@ -559,6 +577,8 @@ def request_body(schema: str, world: World, own: Side, pick: Pick) -> Any:
         return pick([{"name": "aside-renamed"}, {"disabled": True},
                      {"metadata": {"n": 1}, "max_in_flight": 5, "rate_limit": 2.0},
                      {"disabled": False}, {}])
+    if schema == "PortalLinkCreate":
+        return pick([{}, {"read_only": True}, {"expires_in": 60}])
     if schema == "KeyCreate":
         return pick([{"name": "aside-new-key"}, {"name": "aside-reader", "scopes": ["read"]}])
     raise AssertionError(f"request schema {schema!r}: tests/test_tenant_isolation.py has no"
@@ -601,7 +621,8 @@ def cases(draw: st.DrawFn, world: World) -> Case:
 
 def send(world: World, case: Case) -> Answer:
     headers = dict(case.headers)
-    token = {"key": world.a_key, "reader": world.a_reader_key}.get(case.actor, TOKEN)
+    token = {"key": world.a_key, "reader": world.a_reader_key, "portal": world.a_portal,
+             "portal_ro": world.a_portal_ro}.get(case.actor, TOKEN)
     headers["Authorization"] = f"Bearer {token}"
     body = None
     if case.body is not None:
@@ -618,13 +639,17 @@ def foreign_destinations(case: Case, world: World) -> list[int]:
 
 def expected_status(case: Case, world: World) -> int:
     op = case.route.operation
+    own = case.own(world)
+    if op.id == "portal_page":  # A's valid link opens A's portal, and nothing else
+        token = case.query.get("token")
+        valid = token in (world.a_portal, world.a_portal_ro)
+        return 200 if valid and case.tenant in (own.uid, str(own.tenant_id)) else 401
     if not op.auth:
         return case.route.success
     if case.actor in KEY_SCOPES and op.access not in KEY_SCOPES[case.actor]:
         return 403  # an admin route, or a scope the key lacks
-    own = case.own(world)
     if case.tenant is not None and case.tenant not in (own.uid, str(own.tenant_id)):
-        return 404
+        return 401 if case.actor in PORTAL_ACTORS else 404
     if case.path_id is not None and case.path_id not in getattr(
             own, kind_of_id(case.route.path)):
         return 404  # another tenant's object, or an object of another kind

@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 
 from engine import __version__, demo
-from engine.cli import deliveries, destinations, tenants
+from engine.cli import deliveries, destinations, portal, tenants
 from engine.cli.errors import CommandError, check_bind, database_error
 from engine.cli.parent_link import exit_with_parent
 from engine.cli.parsing import OneLineParser
@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lease", help="claim lease, e.g. 60s (must exceed max timeout + 15s)")
     parser.add_argument("--max-timeout", help="longest per-destination request timeout, e.g. 30s")
     parser.add_argument("--drain-deadline", type=float, help="seconds to drain on SIGTERM")
+    parser.add_argument(
+        "--portal-frame-ancestors", metavar="ORIGIN[,ORIGIN...]",
+        help="origins allowed to embed the customer portal in a frame (CSP frame-ancestors;"
+             " default: none)",
+    )
     sub = parser.add_subparsers(dest="command")
     _add_common(sub.add_parser("run", help="run the engine (the default)"))
     _add_common(sub.add_parser("migrate", help="apply database migrations and exit"))
@@ -79,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     destinations.register(sub, _add_common)
     deliveries.register(sub, _add_common)
     tenants.register(sub, _add_common)
+    portal.register(sub, _add_common)
     demo.register(sub)
     autovacuum_advice.add_parser(sub, _add_common)
     return parser
@@ -91,6 +97,7 @@ _SETTING_FLAGS = {
     "allow_targets": "allow_targets", "disable_after": "disable_after",
     "retry_schedule": "retry_schedule", "max_in_flight": "max_in_flight", "lease": "lease",
     "max_timeout": "max_timeout", "drain_deadline_s": "drain_deadline",
+    "portal_frame_ancestors": "portal_frame_ancestors",
 }
 
 
@@ -174,6 +181,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "replay": cmd_operator,
     "tenants": cmd_operator,
     "keys": cmd_operator,
+    "portal": cmd_operator,
     "demo": demo.run_demo,
     "tune-autovacuum": autovacuum_advice.cmd_tune_autovacuum,
 }

@@ -188,3 +188,9 @@ KEY_REVOKE = Statement("key_revoke", p.KeyRevokeParams)
 KEYS_LIVE = Statement("keys_live")
 AUTH_GENERATION_READ = Statement("auth_generation_read")
 KEYS_MARK_USED = Statement("keys_mark_used", p.KeysMarkUsedParams)
+
+# The customer portal's signing key (engine/ingress/portal.py, engine/ingress/keys.py).
+PORTAL_KEY_ENSURE = Statement("portal_key_ensure", p.PortalKeyParams)
+PORTAL_KEY_ROTATE = Statement("portal_key_rotate", p.PortalKeyParams)
+PORTAL_KEY_LIVE = Statement("portal_key_live")
+PORTAL_TENANT_READ = Statement("portal_tenant_read", p.TenantParams)

@@ -348,3 +348,7 @@ class KeyRevokeParams(NamedTuple):
 class KeysMarkUsedParams(NamedTuple):
     key_ids: list[int]
     used_at: list[object]  # datetimes
+
+
+class PortalKeyParams(NamedTuple):
+    secret: bytes

@@ -43,7 +43,15 @@ from engine.ingress.http import (
 )
 from engine.ingress.keys import ADMIN, Caller, KeyRing
 from engine.ingress.metrics import IngressMetrics
-from engine.ingress.openapi import OPERATIONS, TENANT_PATH, Operation, build_document
+from engine.ingress.openapi import (
+    OPERATIONS,
+    PORTAL_PAGE_PATH,
+    TENANT_PATH,
+    Operation,
+    build_document,
+)
+from engine.ingress.portal import PortalApi
+from engine.ingress.portal_tokens import OTHER_TENANT
 from engine.ingress.tenants_api import TenantApi
 from engine.observe import metrics as engine_metrics
 from engine.observe.operational_events import RESERVED_EVENT_PREFIX
@@ -55,6 +63,9 @@ log = logging.getLogger(__name__)
 BATCH_BODY_FACTOR = 32
 _TENANT_REFERENCE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _TENANTS_PREFIX = "/v1/tenants/"
+_PORTAL_PREFIX = "/portal/"
+# Under /v1/tenants/{tenant}/: the tenant's own routes, not a tenant-scoped API path.
+_TENANT_OWN_ROUTES = ("keys", "portal")
 
 
 def request_hash(event_type: str, payload: bytes, destination_ids: list[int] | None,
@@ -65,10 +76,11 @@ def request_hash(event_type: str, payload: bytes, destination_ids: list[int] | N
     return hashlib.sha256(head + b"\n" + payload).digest()
 
 
-class IngressApp(DestinationApi, ConsoleApi, TenantApi):
+class IngressApp(DestinationApi, ConsoleApi, TenantApi, PortalApi):
     """The ASGI callable. Opens its pool, committer and key ring on lifespan startup. The
     destination handlers are in destinations_api.py, the tenant and key handlers in
-    tenants_api.py, the console's page and reads in console/api.py."""
+    tenants_api.py, the console's page and reads in console/api.py, the portal's links
+    and page in portal.py."""
 
     def __init__(self, settings: Settings, dsn: str) -> None:
         self.settings = settings
@@ -102,11 +114,13 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi):
         try:
             operation, handler, path_id, tenant_reference = self._route(scope)
             route = operation.id
-            request = Request(scope, receive, path_id, self.settings.max_body_bytes)
+            request = Request(scope, receive, path_id, self.settings.max_body_bytes,
+                              tenant_ref=tenant_reference)
             if operation.auth:
                 caller = await self._caller(scope)
                 self._check_access(operation, caller)
                 request.tenant = await self._tenant_of(caller, tenant_reference)
+                request.caller = caller
             response = await handler(request)
         except ApiError as exc:
             response = Response(exc.status, exc.body(), exc.headers or JSON_HEADERS)
@@ -134,12 +148,17 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi):
         /v1/tenants/{tenant}/ is a tenant's own route (keys, the tenant itself) or a
         tenant-scoped operation's path after /v1."""
         path: str = scope["path"]
+        if path.startswith(_PORTAL_PREFIX):
+            reference = path.removeprefix(_PORTAL_PREFIX)
+            if not _TENANT_REFERENCE.fullmatch(reference):
+                raise errors.not_found("path")
+            return (*self._match(PORTAL_PAGE_PATH, scope["method"]), reference)
         if not path.startswith(_TENANTS_PREFIX):
             return (*self._match(path, scope["method"]), None)
         reference, _, rest = path.removeprefix(_TENANTS_PREFIX).partition("/")
         if not _TENANT_REFERENCE.fullmatch(reference):
             raise errors.not_found("path")
-        if rest == "" or rest == "keys" or rest.startswith("keys/"):
+        if rest == "" or rest.partition("/")[0] in _TENANT_OWN_ROUTES:
             inner = TENANT_PATH + ("/" + rest if rest else "")
             return (*self._match(inner, scope["method"]), reference)
         operation, handler, path_id = self._match("/v1/" + rest, scope["method"])
@@ -195,6 +214,9 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi):
         if caller.tenant_disabled:
             raise errors.forbidden("the tenant is disabled")
         if operation.access not in caller.scopes:
+            if caller.portal is not None:
+                raise errors.forbidden("this portal link is read-only" if caller.portal.read_only
+                                       else "a portal link cannot do this")
             raise errors.forbidden(f"the key lacks the {operation.access!r} scope")
 
     async def _tenant_of(self, caller: Caller, reference: str | None) -> TenantScope:
@@ -203,6 +225,8 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi):
         if caller.tenant is not None:
             if reference is None or reference in (caller.tenant.uid, str(caller.tenant.id)):
                 return caller.tenant
+            if caller.portal is not None:  # the link's holder knows which tenant it is for
+                raise ApiError(401, "unauthorized", OTHER_TENANT)
             raise errors.not_found("tenant")
         if reference is None:
             return DEFAULT_SCOPE

@@ -41,8 +41,9 @@ class Request:
     path_id: int | None
     max_body_bytes: int
     tenant: TenantScope = DEFAULT_SCOPE
-    # The tenant path segment as given (an id or a uid), for the tenant routes themselves.
+    # The tenant path segment as given (an id or a uid): /v1/tenants/{tenant}/…, /portal/{tenant}.
     tenant_ref: str | None = None
+    caller: Any = None  # keys.Caller of an authenticated request (None: a route without auth)
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.scope["headers"]:

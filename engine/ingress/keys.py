@@ -14,6 +14,10 @@ small query of each process running.
 
 `last_used_at` is kept in memory per key and written every LAST_USED_FLUSH_S for the keys
 used since (keys_mark_used.sql): never a write per request.
+
+Portal tokens (`ept_…`, engine/ingress/portal_tokens.py) are checked against the portal
+signing key, loaded with the keys; the tenant a token names is read once per generation
+and kept (deleting or disabling a tenant moves the generation).
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ import psycopg
 import psycopg_pool
 
 from engine.db import queries
-from engine.db.sql_params import KeysMarkUsedParams
+from engine.db.sql_params import KeysMarkUsedParams, TenantParams
+from engine.ingress import portal_tokens
 from engine.ingress.errors import ApiError
 from engine.ingress.http import TenantScope
+from engine.ingress.portal_tokens import PortalGrant, PortalTokenRefused
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,7 @@ class Caller:
     scopes: frozenset[str]
     key_id: int | None = None
     tenant_disabled: bool = False
+    portal: PortalGrant | None = None  # a portal link's token, not an API key
 
     @property
     def admin(self) -> bool:
@@ -64,6 +71,15 @@ class Caller:
 
 
 ADMIN = Caller(None, frozenset(SCOPES))
+# A portal link may read its tenant's objects and, unless read-only, manage its
+# destinations and replay its deliveries; it never sends events of its own.
+PORTAL_SCOPES = frozenset({"read", "manage"})
+PORTAL_READ_ONLY_SCOPES = frozenset({"read"})
+
+
+def portal_refused(reason: str) -> ApiError:
+    return ApiError(401, "unauthorized", reason,
+                    [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")])
 
 
 def new_key() -> tuple[str, str, bytes]:
@@ -82,6 +98,10 @@ class KeyRing:
         self.admin_token = admin_token
         self._connection = connection
         self._keys: dict[bytes, Caller] = {}
+        self.portal_key: tuple[int, bytes] | None = None  # (id, secret): the live one
+        # Tenant id -> (uid, disabled), None when deleted: the tenants portal tokens named
+        # since the generation last moved.
+        self._portal_tenants: dict[int, tuple[str, bool] | None] = {}
         self._generation: int | None = None
         self._refresh_began = -1.0
         self._used: dict[int, dt.datetime] = {}
@@ -101,6 +121,8 @@ class KeyRing:
         token = given.strip()
         if self.admin_token is not None and hmac.compare_digest(token, self.admin_token):
             return ADMIN
+        if token.startswith(portal_tokens.PORTAL_PREFIX.encode()):
+            return await self.portal_caller(token.decode("latin-1"))
         if not token.startswith(KEY_PREFIX.encode()):
             return None
         digest = key_hash(token)
@@ -110,6 +132,37 @@ class KeyRing:
             found = self._keys.get(digest)
         if found is not None and found.key_id is not None:
             self._used[found.key_id] = dt.datetime.now(dt.UTC)
+        return found
+
+    async def portal_caller(self, token: str, now: float | None = None) -> Caller:
+        """The caller a portal token names, or a 401 saying why it names nobody. A token
+        signed with a key newer than this process's (made a moment ago elsewhere)
+        refreshes the ring once, as an unknown API key does."""
+        named = portal_tokens.key_id_of(token)
+        if named is not None and (self.portal_key is None or named > self.portal_key[0]):
+            await self.refresh(since=time.monotonic())
+        key_id, secret = self.portal_key or (None, None)
+        try:
+            grant = portal_tokens.verify(token, key_id, secret,
+                                         time.time() if now is None else now)
+        except PortalTokenRefused as refused:
+            raise portal_refused(refused.reason) from None
+        tenant = await self._portal_tenant(grant.tenant_id)
+        if tenant is None:
+            raise portal_refused("the portal link's tenant no longer exists")
+        uid, disabled = tenant
+        scopes = PORTAL_READ_ONLY_SCOPES if grant.read_only else PORTAL_SCOPES
+        return Caller(TenantScope(grant.tenant_id, uid), scopes, None, disabled, grant)
+
+    async def _portal_tenant(self, tenant_id: int) -> tuple[str, bool] | None:
+        if tenant_id in self._portal_tenants:
+            return self._portal_tenants[tenant_id]
+        tenants = self._portal_tenants
+        async with self._connection() as conn:
+            row = await (await queries.PORTAL_TENANT_READ.run(
+                conn, TenantParams(tenant_id=tenant_id))).fetchone()
+        found = (row[0], bool(row[1])) if row else None
+        tenants[tenant_id] = found  # not kept if the generation moved meanwhile
         return found
 
     # The background side ------------------------------------------------------------------
@@ -153,6 +206,11 @@ class KeyRing:
                 generation = row[0] if row else 0
                 if generation != self._generation:
                     rows = await (await queries.KEYS_LIVE.run(conn)).fetchall()
+                    # After the keys: a rotation committed between the two reads then
+                    # gives the newer key, never an older one than the generation kept.
+                    portal_key = await (await queries.PORTAL_KEY_LIVE.run(conn)).fetchone()
+                    self.portal_key = (portal_key[0], bytes(portal_key[1])) if portal_key else None
+                    self._portal_tenants = {}
                     self._keys = {
                         bytes(digest): Caller(TenantScope(tenant_id, uid), frozenset(scopes),
                                               key_id, disabled)

@@ -61,6 +61,7 @@ class Operation:
 
 
 TENANT_PATH = "/v1/tenants/{tenant}"
+PORTAL_PAGE_PATH = "/portal/{tenant}"
 ID_SCHEMA = {"type": "integer", "minimum": 1, "maximum": s.MAX_ID}
 TENANT_SCHEMA = {"type": "string", "pattern": s.TENANT_UID_PATTERN,
                  "description": "the tenant's id or uid"}
@@ -206,6 +207,25 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("revoke_key", "DELETE", TENANT_PATH + "/keys/{id}",
               "Revoke a key: refused by every ingress process within a second", 204, None,
               errors=(404, *_ADMIN, *_DB), access="admin"),
+    # The customer portal (portal.py).
+    Operation("create_portal_link", "POST", TENANT_PATH + "/portal",
+              "A signed, short-lived link to the tenant's portal (1 h by default, at most"
+              " 7 days; read_only: it can change nothing)", 201, s.PortalLink,
+              s.PortalLinkCreate, errors=(404, *_BODY_ERRORS, *_ADMIN, *_DB),
+              access="admin"),
+    Operation("rotate_portal_key", "POST", "/v1/portal-key/rotate",
+              "A new portal signing key: every link made before stops working on every"
+              " ingress process within a second", 200, s.PortalKeyRotated,
+              errors=(*_ADMIN, *_DB), access="admin"),
+    Operation("portal_page", "GET", PORTAL_PAGE_PATH,
+              "The tenant's portal (HTML): the console restricted to the tenant of the"
+              " link's token; 401 with a page saying why for an expired, changed or other"
+              " tenant's link", 200, None,
+              query=(Param("token", {"type": "string"}, "the portal link's token"),),
+              errors=(401,), auth=False, content_type="text/html"),
+    Operation("read_session", "GET", "/v1/session",
+              "Who the calling token is: the admin, a tenant's key or a portal link, its"
+              " tenant, scopes and expiry", 200, s.Session, errors=_DB),
 )
 # Every operation as /openapi.json lists it: the tenant-scoped ones twice.
 DOCUMENTED: tuple[Operation, ...] = (

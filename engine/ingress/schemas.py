@@ -395,3 +395,32 @@ class ApiKey(msgspec.Struct):
 
 class ApiKeyList(msgspec.Struct):
     data: list[ApiKey]
+
+
+# The customer portal (portal.py). A link's lifetime: 1 s to 7 days, an hour by default
+# (portal_tokens.py).
+class PortalLinkCreate(_Request):
+    expires_in: Annotated[int, Meta(ge=1, le=7 * 86400)] | None = None
+    read_only: bool = False
+
+
+class PortalLink(msgspec.Struct):
+    url: str
+    expires_at: Timestamp
+    tenant: str
+    read_only: bool
+
+
+class Session(msgspec.Struct):
+    """Who the calling token is: the admin, a tenant's API key or a portal link."""
+
+    kind: str  # "admin", "key" or "portal"
+    tenant: str  # the tenant the unscoped paths mean for it
+    scopes: list[str]
+    read_only: bool
+    expires_at: Timestamp | None
+
+
+class PortalKeyRotated(msgspec.Struct):
+    key_id: int  # the new signing key
+    retired: int  # keys retired (0 before the first link, else 1)

@@ -127,12 +127,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--allow-private-targets", action="store_true", default=None)
     parser.add_argument("--allow-targets")
     parser.add_argument("--max-body-bytes", type=int)
+    parser.add_argument("--portal-frame-ancestors")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     settings = load_settings(
         dsn=args.dsn, allow_private_targets=args.allow_private_targets,
         allow_targets=args.allow_targets,
         max_body_bytes=args.max_body_bytes,
+        portal_frame_ancestors=args.portal_frame_ancestors,
     )
     run_ingress(settings, engine_conninfo(args.dsn), listen(args.bind), announce=True)
     return 0

@@ -20,7 +20,7 @@ from engine.db.migrate import migrate
 from engine.testing.pgserver import throwaway_server
 
 TABLES = ("delivery_attempts", "finished_deliveries", "deliveries", "events", "destinations",
-          "delivery_minutes", "api_keys", "tenants")
+          "delivery_minutes", "api_keys", "tenants", "portal_signing_keys")
 
 
 @contextmanager

@@ -23,16 +23,21 @@ STATUSES = ("pending", "in_flight", "delivered", "dead")
 _AwareDatetime = Annotated[dt.datetime, msgspec.Meta(tz=True)]
 
 # The page is ours alone: scripts and styles only from this origin, no inline script, no
-# framing, nothing sent elsewhere. Data is rendered with textContent, and this policy is
-# the second line should a value ever reach the DOM as markup.
-_SECURITY_HEADERS = [
-    (b"content-security-policy",
-     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
-     b" connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"cache-control", b"no-cache"),
-]
+# framing (but the portal's, by --portal-frame-ancestors: portal.py), nothing sent
+# elsewhere. Data is rendered with textContent, and this policy is the second line should
+# a value ever reach the DOM as markup.
+def page_security_headers(frame_ancestors: bytes = b"'none'") -> list[tuple[bytes, bytes]]:
+    return [
+        (b"content-security-policy",
+         b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+         b" connect-src 'self'; frame-ancestors " + frame_ancestors
+         + b"; base-uri 'none'; form-action 'none'"),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"no-referrer"),
+        (b"cache-control", b"no-cache"),
+    ]
+
+
 _ASSETS = {
     "console.html": b"text/html; charset=utf-8",
     "console.js": b"text/javascript; charset=utf-8",
@@ -44,7 +49,7 @@ _ASSETS = {
 def _load_assets() -> dict[str, tuple[bytes, list[tuple[bytes, bytes]]]]:
     folder = resources.files("engine.ingress.console") / "static"
     return {
-        name: ((folder / name).read_bytes(), [(b"content-type", kind), *_SECURITY_HEADERS])
+        name: ((folder / name).read_bytes(), [(b"content-type", kind), *page_security_headers()])
         for name, kind in _ASSETS.items()
     }
 
