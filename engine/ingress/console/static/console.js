@@ -12,6 +12,20 @@ let busy = false;    // a confirmation or an edit is open: the refresh must not 
 // False for a tenant key's console: /v1/tenants is the admin's, and the unscoped paths
 // already mean the key's own tenant.
 let tenantScoped = true;
+// The customer portal (GET /portal/{tenant}) is this console restricted to one tenant:
+// its token comes in the link (and leaves the address bar at once), the token's tenant
+// and scopes restrict every answer of the API, and a read-only link's write controls are
+// disabled here as the API refuses them there.
+const PORTAL = document.documentElement.dataset.mode === "portal";
+let readOnly = false;
+if (PORTAL) {
+  const token = new URLSearchParams(location.search).get("token");
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  history.replaceState(null, "", location.pathname + location.hash);
+  for (const hidden of ["overview", "tenants"]) document.querySelector(`header nav a[data-page="${hidden}"]`).hidden = true;
+  document.getElementById("forget-token").hidden = true;
+  document.querySelector(".brand").textContent = "Webhooks";
+}
 
 // ---- DOM helpers ---------------------------------------------------------------------
 
@@ -36,7 +50,15 @@ function svg(tag, attrs, ...children) {
   return node;
 }
 
-function show(...nodes) { main.replaceChildren(...nodes); }
+function show(...nodes) {
+  main.replaceChildren(...nodes);
+  if (readOnly) {
+    for (const control of main.querySelectorAll("[data-write] :is(input, select, textarea, button), button[data-action]")) {
+      control.disabled = true;
+      control.title = "This portal link is read-only.";
+    }
+  }
+}
 
 function time(value) {
   if (!value) return "–";
@@ -101,7 +123,7 @@ function tenantCell(uid) { return el("td", { class: "tenant" }, uid); }
 
 // ---- API -----------------------------------------------------------------------------
 
-class Unauthorized extends Error {}
+class Unauthorized extends Error {}  // its message: the API's reason
 
 async function api(method, path, body) {
   const headers = { accept: "application/json" };
@@ -112,9 +134,9 @@ async function api(method, path, body) {
     method, headers, body: body === undefined ? undefined : JSON.stringify(body),
     cache: "no-store",
   });
-  if (response.status === 401) throw new Unauthorized();
   const text = await response.text();
-  const data = text ? JSON.parse(text) : null;
+  const data = text && (response.headers.get("content-type") || "").startsWith("application/json") ? JSON.parse(text) : null;
+  if (response.status === 401) throw new Unauthorized(data && data.error ? data.error.message : "");
   if (!response.ok) {
     const message = data && data.error ? data.error.message : `HTTP ${response.status}`;
     const error = new Error(message);
@@ -159,6 +181,15 @@ async function allTenants() {
 
 async function refreshTenantSelect() {
   const select = document.getElementById("tenant-select");
+  if (PORTAL) {
+    tenantScoped = false;
+    select.parentNode.hidden = true;
+    const session = await api("GET", "/v1/session");
+    readOnly = session.read_only;
+    document.body.classList.toggle("read-only", readOnly);
+    document.getElementById("refreshed").dataset.tenant = session.tenant;
+    return;
+  }
   let tenants;
   try {
     tenants = await allTenants();
@@ -196,7 +227,11 @@ async function run(page, first) {
     await page.load(first);
     document.getElementById("refreshed").textContent = `updated ${time(new Date())}`;
   } catch (error) {
-    if (error instanceof Unauthorized) {
+    if (error instanceof Unauthorized && PORTAL) {
+      current = null;
+      show(el("h1", {}, "This portal link cannot be used"),
+        notice(`${error.message || "The link was refused"}. Portal links are short-lived: ask whoever sent it for a new one.`, "error"));
+    } else if (error instanceof Unauthorized) {
       const had = sessionStorage.getItem(TOKEN_KEY);
       sessionStorage.removeItem(TOKEN_KEY);
       askToken(had ? "That token was refused. Enter the API token (ENGINE_API_TOKEN)."
@@ -303,6 +338,11 @@ function destinationActions(d, onSecret) {
     const rotated = await act("Rotate", api("PATCH", `/v1/destinations/${d.id}`, { rotate_secret: true }));
     if (rotated) onSecret(rotated);
   } }, "Rotate secret"));
+  buttons.push(el("button", { type: "button", class: "danger", "data-action": "delete", onclick: async () => {
+    if (!confirm(`Delete destination ${d.id}? Its deliveries are kept but no longer sent.`)) return;
+    const deleted = await act("Delete", api("DELETE", `/v1/destinations/${d.id}`).then(() => true));
+    if (deleted) location.hash = "#/destinations";
+  } }, "Delete"));
   return buttons;
 }
 
@@ -325,7 +365,7 @@ const destinations = {
     const stats = new Map(o.destinations.map(d => [d.id, d]));
     const secretSlot = el("div", {});
     const onSecret = d => secretSlot.replaceChildren(secretNotice(d));
-    const create = el("form", { class: "inline", id: "create-destination" },
+    const create = el("form", { class: "inline", id: "create-destination", "data-write": true },
       el("label", {}, "URL", el("input", { name: "url", type: "url", required: true, size: 40, placeholder: "https://example.com/hook" })),
       el("label", {}, "event types (comma separated, empty: all)", el("input", { name: "event_types" })),
       el("label", {}, "max in flight", el("input", { name: "max_in_flight", type: "number", min: 1 })),
@@ -368,7 +408,9 @@ const pages = { overview, destinations };
 function parseHash() {
   const [path, query] = location.hash.replace(/^#\/?/, "").split("?");
   const [page, id] = path.split("/");
-  return { page: page || "overview", id, params: new URLSearchParams(query || "") };
+  const fallback = PORTAL ? "destinations" : "overview";
+  const known = page && (!PORTAL || !["overview", "tenants"].includes(page));
+  return { page: known ? page : fallback, id, params: new URLSearchParams(query || "") };
 }
 
 function route() {

@@ -61,7 +61,7 @@ function field(label, name, input, hint) {
 }
 
 function editForm(d) {
-  const form = el("form", { class: "inline", id: "edit-destination", novalidate: true },
+  const form = el("form", { class: "inline", id: "edit-destination", novalidate: true, "data-write": true },
     field("URL", "url", el("input", { name: "url", type: "url", size: 40, value: d.url })),
     field("event types", "event_types",
       el("input", { name: "event_types", value: (d.event_types || []).join(", ") }), "comma separated; empty: all"),
@@ -118,7 +118,7 @@ pages.destination = id => ({
     const edit = editForm(d);
     const since = el("input", { name: "since", type: "datetime-local" });
     const replaySlot = el("div", {});
-    const replay = el("form", { class: "inline", id: "bulk-replay" },
+    const replay = el("form", { class: "inline", id: "bulk-replay", "data-write": true },
       el("label", {}, "dead since (empty: all)", since),
       el("button", { type: "submit", class: "secondary" }, "Replay dead deliveries…"));
     replay.addEventListener("submit", async event => {
@@ -231,7 +231,7 @@ pages.delivery = id => ({
       errorCell(a.error),
       el("td", {}, a.response_body ? el("pre", { class: "response-body" }, a.response_body) : "–")));
     const replay = el("button", { type: "button", id: "replay", disabled: d.status === "in_flight",
-      onclick: () => act("Replay", api("POST", `/v1/deliveries/${id}/replay`)) }, "Replay");
+      "data-action": "replay", onclick: () => act("Replay", api("POST", `/v1/deliveries/${id}/replay`)) }, "Replay");
     show(
       el("h1", {}, `Delivery ${d.id}`),
       el("dl", { class: "fields" },
