@@ -849,6 +849,13 @@ def test_the_console_carries_no_tenant_data(world: World) -> None:
             # Not a single id of any tenant's object is baked into the page.
             for ident in world.b_ids:
                 assert not re.search(rb"\b%d\b" % ident, answer.body), (route.name, ident)
+    # The portal's page (issue 40) is the console's, for A's links: no tenant's data either.
+    for token in (world.a_portal, world.a_portal_ro):
+        answer = world.client.request("GET", f"/portal/{A_UID}?{urlencode({'token': token})}",
+                                      None, {})
+        assert answer.status == 200, answer
+        check_no_b_data(world, answer, "the portal page")
+        assert not [m for m in (b"aside", b"dside") if m in answer.body], "A's data"
     check_b_unchanged(world, "the console")
 
 
