@@ -55,6 +55,9 @@ class Settings:
     disable_after_s: float = 5 * 86400.0
     data_dir: Path = Path(".engine")
     api_token: str | None = None
+    # An event whose type is not in the event-type catalog is refused (422), not only one
+    # whose payload fails its type's schema (engine/ingress/catalog.py).
+    strict_event_types: bool = False
 
     def validate(self) -> Settings:
         if self.procs < 1:
@@ -115,6 +118,10 @@ def _coerce(key: str, value: Any) -> tuple[str, Any]:
     return key, value
 
 
+_BOOLEAN_WORDS = {"1": True, "true": True, "yes": True, "0": False, "false": False,
+                  "no": False}
+
+
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
     """Build Settings from defaults, the TOML file, the environment and `overrides`
     (flags; None values are ignored so unset flags do not mask the file)."""
@@ -143,6 +150,13 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             raise ConfigError(
                 f"ENGINE_WORKER_NICE must be an integer, got {worker_nice!r}"
             ) from None
+    strict = os.environ.get("ENGINE_STRICT_EVENT_TYPES")
+    if strict:
+        if strict.lower() not in _BOOLEAN_WORDS:
+            raise ConfigError(
+                f"ENGINE_STRICT_EVENT_TYPES must be one of {', '.join(_BOOLEAN_WORDS)},"
+                f" got {strict!r}")
+        values["strict_event_types"] = _BOOLEAN_WORDS[strict.lower()]
     for key, value in overrides.items():
         if value is None:
             continue

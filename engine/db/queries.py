@@ -188,3 +188,13 @@ KEY_REVOKE = Statement("key_revoke", p.KeyRevokeParams)
 KEYS_LIVE = Statement("keys_live")
 AUTH_GENERATION_READ = Statement("auth_generation_read")
 KEYS_MARK_USED = Statement("keys_mark_used", p.KeysMarkUsedParams)
+
+# The event-type catalog (engine/ingress/event_types_api.py, engine/ingress/catalog.py).
+EVENT_TYPE_CREATE = Statement("event_type_create", p.EventTypeWriteParams)
+EVENT_TYPES_LIST = Statement("event_types_list", p.EventTypesListParams)
+EVENT_TYPE_READ = Statement("event_type_read", p.EventTypeParams)
+EVENT_TYPE_LOCK = Statement("event_type_lock", p.EventTypeParams)
+EVENT_TYPE_UPDATE = Statement("event_type_update", p.EventTypeWriteParams)
+EVENT_TYPE_DELETE = Statement("event_type_delete", p.EventTypeParams)
+EVENT_TYPE_GENERATION_READ = Statement("event_type_generation_read")
+EVENT_TYPES_LIVE = Statement("event_types_live")

@@ -348,3 +348,23 @@ class KeyRevokeParams(NamedTuple):
 class KeysMarkUsedParams(NamedTuple):
     key_ids: list[int]
     used_at: list[object]  # datetimes
+
+
+# The event-type catalog (engine/sql/catalog/) -------------------------------------------
+
+
+class EventTypeWriteParams(NamedTuple):
+    name: str
+    description: str | None
+    schema: str | None  # a JSON Schema as JSON text
+    example: str | None  # a JSON document as text
+    deprecated: bool
+
+
+class EventTypeParams(NamedTuple):
+    name: str
+
+
+class EventTypesListParams(NamedTuple):
+    after_name: str | None
+    limit: int
