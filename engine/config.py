@@ -58,6 +58,9 @@ class Settings:
     api_token: str | None = None
     # Origins allowed to embed the customer portal (CSP frame-ancestors); none by default.
     portal_frame_ancestors: tuple[str, ...] = ()
+    # An event whose type is not in the event-type catalog is refused (422), not only one
+    # whose payload fails its type's schema (engine/ingress/catalog.py).
+    strict_event_types: bool = False
 
     def validate(self) -> Settings:
         if self.procs < 1:
@@ -135,6 +138,8 @@ def parse_frame_ancestors(text: str) -> tuple[str, ...]:
                 f"portal_frame_ancestors: {origin!r} is not an origin like"
                 " https://app.example.com, https://*.example.com or 'self'")
     return origins
+_BOOLEAN_WORDS = {"1": True, "true": True, "yes": True, "0": False, "false": False,
+                  "no": False}
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
@@ -165,6 +170,13 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             raise ConfigError(
                 f"ENGINE_WORKER_NICE must be an integer, got {worker_nice!r}"
             ) from None
+    strict = os.environ.get("ENGINE_STRICT_EVENT_TYPES")
+    if strict:
+        if strict.lower() not in _BOOLEAN_WORDS:
+            raise ConfigError(
+                f"ENGINE_STRICT_EVENT_TYPES must be one of {', '.join(_BOOLEAN_WORDS)},"
+                f" got {strict!r}")
+        values["strict_event_types"] = _BOOLEAN_WORDS[strict.lower()]
     for key, value in overrides.items():
         if value is None:
             continue

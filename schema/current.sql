@@ -205,6 +205,25 @@ CREATE TABLE auth_generation (
     CONSTRAINT auth_generation_pkey PRIMARY KEY (only_row)
 );
 
+CREATE TABLE event_types (
+    name text NOT NULL,
+    description text,
+    schema jsonb,
+    example jsonb,
+    deprecated boolean DEFAULT false NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT event_types_name_check CHECK ((name ~ '^[A-Za-z0-9._-]{1,128}$'::text)),
+    CONSTRAINT event_types_pkey PRIMARY KEY (name)
+);
+
+CREATE TABLE event_type_generation (
+    only_row boolean DEFAULT true NOT NULL,
+    generation bigint NOT NULL,
+    CONSTRAINT event_type_generation_only_row_check CHECK (only_row),
+    CONSTRAINT event_type_generation_pkey PRIMARY KEY (only_row)
+);
+
 CREATE TABLE portal_signing_keys (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     secret bytea NOT NULL,

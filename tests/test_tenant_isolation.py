@@ -85,6 +85,13 @@ UNKNOWN_TENANT = "no-such-tenant"
 ID_FIELDS = frozenset({"id", "event_id", "destination_id", "destination_ids", "delivery_id",
                        "tenant_id", "next"})
 IDENTITY_TABLES = ("tenants", "destinations", "events", "api_keys", "delivery_attempts")
+# The event-type catalog is the engine's, not a tenant's (SPEC, "Customer portal and
+# event-type catalog"): its routes have no tenant's data to reveal. Keys may read it and
+# never write it; the admin drives it on its unscoped paths. CATALOG_TYPE exists, with a
+# schema the test's event payloads pass; UNKNOWN_TYPE does not.
+CATALOG_PREFIX = "/v1/event-types"
+CATALOG_TYPE = "aside.catalogued"
+UNKNOWN_TYPE = "no.such.type"
 
 
 # ---------------------------------------------------------------------------------------
@@ -293,16 +300,17 @@ _NOT_B = {
                          " WHERE tenant_id = {b})",
     "delivery_minutes": "destination_id NOT IN (SELECT id FROM destinations"
                         " WHERE tenant_id = {b})",
+    "event_types": "true",
 }
 # Children first when deleting, parents first when inserting (api_keys -> tenants).
 _DELETE_ORDER = ("delivery_attempts", "delivery_minutes", "deliveries", "finished_deliveries",
-                 "events", "destinations", "api_keys", "tenants")
+                 "events", "destinations", "api_keys", "tenants", "event_types")
 
 
 def save_others(db: psycopg.Connection, b: Side) -> str:
     """Copies of every row that is not B's, in temporary tables of `db`'s session; returns
-    the script that puts them back (and moves auth_generation, so every ingress process
-    reloads the keys it restored)."""
+    the script that puts them back (and moves auth_generation and event_type_generation,
+    so every ingress process reloads the keys and the catalog it restored)."""
     for table, where in _NOT_B.items():
         db.execute(f"CREATE TEMP TABLE saved_{table} AS SELECT * FROM {table}"
                    f" WHERE {where.format(b=b.tenant_id)}")
@@ -312,7 +320,8 @@ def save_others(db: psycopg.Connection, b: Side) -> str:
     for table in reversed(_DELETE_ORDER):
         overriding = " OVERRIDING SYSTEM VALUE" if table in IDENTITY_TABLES else ""
         script.append(f"INSERT INTO {table}{overriding} SELECT * FROM saved_{table}")
-    script += ["UPDATE auth_generation SET generation = generation + 1", "COMMIT"]
+    script += ["UPDATE auth_generation SET generation = generation + 1",
+               "UPDATE event_type_generation SET generation = generation + 1", "COMMIT"]
     return ";\n".join(script)
 
 
@@ -333,6 +342,8 @@ def world(server: IngressProcess, module_dsn: str) -> Iterator[World]:
         build_side(server, db, a, "aside", 2, 6, "shared.type")
         default = Side(1, "default")
         build_side(server, db, default, "dside", 1, 3, "shared.type")
+        admin(server, "POST", CATALOG_PREFIX, {
+            "name": CATALOG_TYPE, "schema": {"type": "object"}, "example": {"n": 0}})
 
         restart_ids(db, B_ID_START, B_DELIVERY_ID_START)
         b_tenant = admin(server, "POST", "/v1/tenants", {
@@ -427,6 +438,8 @@ def actor_applies(actor: str, route: Route) -> bool:
         return True
     if actor == "admin_a":
         return "{tenant}" in route.path
+    if route.path.startswith(CATALOG_PREFIX):
+        return actor == "admin_default"
     return "{tenant}" not in route.path and route.operation.tenant_scoped
 
 
@@ -439,6 +452,7 @@ class Case:
     route: Route
     tenant: str | None  # what goes into {tenant}
     path_id: int | None
+    path_name: str | None  # what goes into {name} (an event type's)
     query: dict[str, str]
     headers: dict[str, str]
     body: Any
@@ -452,6 +466,8 @@ class Case:
             path = path.replace("{tenant}", self.tenant)
         if self.path_id is not None:
             path = path.replace("{id}", str(self.path_id))
+        if self.path_name is not None:
+            path = path.replace("{name}", self.path_name)
         assert "{" not in path, f"{self.route.name}: a path parameter this test does not fill"
         return path + ("?" + urlencode(self.query) if self.query else "")
 
@@ -579,6 +595,12 @@ def request_body(schema: str, world: World, own: Side, pick: Pick) -> Any:
                      {"disabled": False}, {}])
     if schema == "PortalLinkCreate":
         return pick([{}, {"read_only": True}, {"expires_in": 60}])
+    if schema == "EventTypeCreate":
+        return pick([{"name": "aside.new-type", "schema": {"type": "object"}},
+                     {"name": CATALOG_TYPE}])
+    if schema == "EventTypePatch":
+        return pick([{"description": "aside-described"}, {"deprecated": True},
+                     {"schema": {"type": "object", "required": ["n"]}}, {}])
     if schema == "KeyCreate":
         return pick([{"name": "aside-new-key"}, {"name": "aside-reader", "scopes": ["read"]}])
     raise AssertionError(f"request schema {schema!r}: tests/test_tenant_isolation.py has no"
@@ -589,6 +611,7 @@ def make_case(world: World, actor: str, route: Route, pick: Pick) -> Case:
     own = world.default if actor == "admin_default" else world.a
     tenant = pick(tenant_choices(world, actor)) if "{tenant}" in route.path else None
     path_id = pick(id_choices(world, route, own)) if "{id}" in route.path else None
+    path_name = pick([CATALOG_TYPE, UNKNOWN_TYPE]) if "{name}" in route.path else None
     query = {}
     for name in route.query:
         value = query_value(name, world, own, pick)
@@ -600,7 +623,7 @@ def make_case(world: World, actor: str, route: Route, pick: Pick) -> Case:
         if value is not None:
             headers[name] = value
     body = request_body(route.body, world, own, pick) if route.body else None
-    return Case(actor, route, tenant, path_id, query, headers, body)
+    return Case(actor, route, tenant, path_id, path_name, query, headers, body)
 
 
 def first(options: Sequence[Any]) -> Any:
@@ -653,6 +676,10 @@ def expected_status(case: Case, world: World) -> int:
     if case.path_id is not None and case.path_id not in getattr(
             own, kind_of_id(case.route.path)):
         return 404  # another tenant's object, or an object of another kind
+    if case.path_name == UNKNOWN_TYPE:
+        return 404
+    if op.id == "create_event_type" and case.body["name"] == CATALOG_TYPE:
+        return 409
     if case.route.operation.id.endswith("replay_delivery") and case.path_id == own.in_flight:
         return 409
     if foreign_destinations(case, world):

@@ -86,6 +86,9 @@ SCENARIOS: dict[str, Scenario] = {
                         "peers"),
     "ingress": OwnOptions("accept latency and ceilings against pgbench (locust and wrk)",
                           "ingress"),
+    "event-schema-cost": OwnOptions(
+        "ingress CPU per 1 KB event with a 20-property JSON Schema against none",
+        "event_schema_cost"),
     "tenant-migration": OwnOptions(
         "tenants' migrations on 1,000,000 finished deliveries under the engine before them",
         "tenant_migration"),

@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="permit only these private ranges as destinations (e.g. 10.1.0.0/16); every"
              " other private, loopback or reserved target stays refused",
     )
+    parser.add_argument(
+        "--strict-event-types", action="store_true", default=None,
+        help="refuse (422) an event whose type is not in the event-type catalog"
+             " (env ENGINE_STRICT_EVENT_TYPES=1)",
+    )
     parser.add_argument("--retry-schedule", help="comma-separated delays, e.g. 5s,5m,30m,2h")
     parser.add_argument(
         "--disable-after",
@@ -98,6 +103,7 @@ _SETTING_FLAGS = {
     "retry_schedule": "retry_schedule", "max_in_flight": "max_in_flight", "lease": "lease",
     "max_timeout": "max_timeout", "drain_deadline_s": "drain_deadline",
     "portal_frame_ancestors": "portal_frame_ancestors",
+    "strict_event_types": "strict_event_types",
 }
 
 

@@ -352,3 +352,21 @@ class KeysMarkUsedParams(NamedTuple):
 
 class PortalKeyParams(NamedTuple):
     secret: bytes
+# The event-type catalog (engine/sql/catalog/) -------------------------------------------
+
+
+class EventTypeWriteParams(NamedTuple):
+    name: str
+    description: str | None
+    schema: str | None  # a JSON Schema as JSON text
+    example: str | None  # a JSON document as text
+    deprecated: bool
+
+
+class EventTypeParams(NamedTuple):
+    name: str
+
+
+class EventTypesListParams(NamedTuple):
+    after_name: str | None
+    limit: int

@@ -14,7 +14,7 @@ import hashlib
 import logging
 import re
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import psycopg_pool
@@ -25,11 +25,13 @@ from engine.db.sql_params import TenantFindParams
 from engine.domain import EventIn
 from engine.ingress import errors, store
 from engine.ingress import schemas as s
+from engine.ingress.catalog import EventTypeCatalog
 from engine.ingress.committer import Committer
 from engine.ingress.console.api import ConsoleApi, cursor_param
 from engine.ingress.dbgate import DatabaseGate
 from engine.ingress.destinations_api import DestinationApi
 from engine.ingress.errors import ApiError
+from engine.ingress.event_types_api import EventTypeApi
 from engine.ingress.http import (
     DEFAULT_SCOPE,
     JSON_HEADERS,
@@ -68,6 +70,16 @@ _PORTAL_PREFIX = "/portal/"
 _TENANT_OWN_ROUTES = ("keys", "portal")
 
 
+class PathParams(NamedTuple):
+    """What a path's parameters name: a resource's {id}, an event type's {name}."""
+
+    id: int | None
+    name: str | None
+
+
+NO_PATH_PARAMS = PathParams(None, None)
+
+
 def request_hash(event_type: str, payload: bytes, destination_ids: list[int] | None,
                  ordering_key: str | None) -> bytes:
     """Identifies "the same request" for Idempotency-Key: the fields that make the event,
@@ -76,11 +88,11 @@ def request_hash(event_type: str, payload: bytes, destination_ids: list[int] | N
     return hashlib.sha256(head + b"\n" + payload).digest()
 
 
-class IngressApp(DestinationApi, ConsoleApi, TenantApi, PortalApi):
-    """The ASGI callable. Opens its pool, committer and key ring on lifespan startup. The
-    destination handlers are in destinations_api.py, the tenant and key handlers in
-    tenants_api.py, the console's page and reads in console/api.py, the portal's links
-    and page in portal.py."""
+class IngressApp(DestinationApi, ConsoleApi, TenantApi, EventTypeApi, PortalApi):
+    """The ASGI callable. Opens its pool, committer, key ring and event-type catalog on
+    lifespan startup. The destination handlers are in destinations_api.py, the tenant and
+    key handlers in tenants_api.py, the catalog's in event_types_api.py, the console's
+    page and reads in console/api.py, the portal's links and page in portal.py."""
 
     def __init__(self, settings: Settings, dsn: str) -> None:
         self.settings = settings
@@ -89,15 +101,17 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, PortalApi):
         self.meters = IngressMetrics()
         self.gate = DatabaseGate(dsn)
         self.keys = KeyRing(self.token, self._connection)
+        self.catalog = EventTypeCatalog(self._connection, settings.strict_event_types)
         self.committer: Committer | None = None
         self.openapi_document = encoder.encode(build_document(settings.max_timeout_ms))
-        # Fixed paths by dictionary lookup; only paths with an {id} need a regex. A path
-        # under /v1/tenants/{tenant}/ is routed as its operation's own path (_route).
+        # Fixed paths by dictionary lookup; only paths with an {id} or a {name} need a
+        # regex. A path under /v1/tenants/{tenant}/ is routed as its operation's own path
+        # (_route).
         self.fixed_routes: dict[str, list[tuple[Operation, Handler]]] = {}
-        self.id_routes: list[tuple[Operation, Handler]] = []
+        self.param_routes: list[tuple[Operation, Handler]] = []
         for op in OPERATIONS:
-            if "{id}" in op.path:
-                self.id_routes.append((op, getattr(self, op.id)))
+            if "{id}" in op.path or "{name}" in op.path:
+                self.param_routes.append((op, getattr(self, op.id)))
             else:
                 self.fixed_routes.setdefault(op.path, []).append((op, getattr(self, op.id)))
 
@@ -112,10 +126,10 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, PortalApi):
         started = time.perf_counter()
         route = "unmatched"
         try:
-            operation, handler, path_id, tenant_reference = self._route(scope)
+            operation, handler, params, tenant_reference = self._route(scope)
             route = operation.id
-            request = Request(scope, receive, path_id, self.settings.max_body_bytes,
-                              tenant_ref=tenant_reference)
+            request = Request(scope, receive, params.id, self.settings.max_body_bytes,
+                              path_name=params.name, tenant_ref=tenant_reference)
             if operation.auth:
                 caller = await self._caller(scope)
                 self._check_access(operation, caller)
@@ -141,12 +155,10 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, PortalApi):
         await send({"type": "http.response.body", "body": response.body})
         self.meters.observe(route, response.status, time.perf_counter() - started)
 
-    def _route(
-        self, scope: dict[str, Any]
-    ) -> tuple[Operation, Handler, int | None, str | None]:
-        """The operation a request names, its {id}, and its {tenant} as given. A path under
-        /v1/tenants/{tenant}/ is a tenant's own route (keys, the tenant itself) or a
-        tenant-scoped operation's path after /v1."""
+    def _route(self, scope: dict[str, Any]) -> tuple[Operation, Handler, PathParams, str | None]:
+        """The operation a request names, its {id} or {name}, and its {tenant} as given. A
+        path under /v1/tenants/{tenant}/ is a tenant's own route (keys, the tenant itself)
+        or a tenant-scoped operation's path after /v1."""
         path: str = scope["path"]
         if path.startswith(_PORTAL_PREFIX):
             reference = path.removeprefix(_PORTAL_PREFIX)
@@ -161,30 +173,31 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, PortalApi):
         if rest == "" or rest.partition("/")[0] in _TENANT_OWN_ROUTES:
             inner = TENANT_PATH + ("/" + rest if rest else "")
             return (*self._match(inner, scope["method"]), reference)
-        operation, handler, path_id = self._match("/v1/" + rest, scope["method"])
+        operation, handler, params = self._match("/v1/" + rest, scope["method"])
         if not operation.tenant_scoped:
             raise errors.not_found("path")
-        return operation, handler, path_id, reference
+        return operation, handler, params, reference
 
-    def _match(self, path: str, method: str) -> tuple[Operation, Handler, int | None]:
+    def _match(self, path: str, method: str) -> tuple[Operation, Handler, PathParams]:
         allowed: list[str] = []
         fixed = self.fixed_routes.get(path)
         if fixed is not None:
             for operation, handler in fixed:
                 if operation.method == method:
-                    return operation, handler, None
+                    return operation, handler, NO_PATH_PARAMS
                 allowed.append(operation.method)
-        for operation, handler in () if fixed else self.id_routes:
+        for operation, handler in () if fixed else self.param_routes:
             match = operation.pattern.match(path)
             if match is None:
                 continue
             if operation.method != method:
                 allowed.append(operation.method)
                 continue
-            path_id = int(match["id"])
-            if path_id > s.MAX_ID:
+            found = match.groupdict()
+            path_id = int(found["id"]) if "id" in found else None
+            if path_id is not None and path_id > s.MAX_ID:
                 raise errors.not_found()
-            return operation, handler, path_id
+            return operation, handler, PathParams(path_id, found.get("name"))
         if allowed:
             raise errors.method_not_allowed(method, allowed)
         raise errors.not_found("path")
@@ -261,9 +274,11 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, PortalApi):
         self.committer.on_commit.append(self.meters.observe_commit)
         self.committer.start()
         self.keys.start()
+        self.catalog.start()
 
     async def shutdown(self) -> None:
         await self.keys.stop()
+        await self.catalog.stop()
         if self.committer is not None:
             await self.committer.stop()
         await self.gate.close()
@@ -306,7 +321,9 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, PortalApi):
             if not 1 <= len(key) <= 256:
                 raise errors.invalid("Idempotency-Key: must be 1 to 256 characters")
         body: s.EventCreate = await request.decode(s.EventCreate)
-        accepted = await self._commit([self._event_in(request.tenant, body, key)])
+        event = self._event_in(request.tenant, body, key)
+        await self.catalog.admit(body.type, bytes(body.payload), "")
+        accepted = await self._commit([event])
         return json_response(202, accepted[0])
 
     async def create_event_batch(self, request: Request) -> Response:
@@ -323,6 +340,8 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, PortalApi):
                                f"events[{index}].payload is over {limit} bytes")
         events = [self._event_in(request.tenant, event, event.idempotency_key)
                   for event in body.events]
+        for index, event in enumerate(body.events):
+            await self.catalog.admit(event.type, bytes(event.payload), f"events[{index}].")
         return json_response(202, s.BatchAccepted(await self._commit(events)))
 
     async def read_event(self, request: Request) -> Response:

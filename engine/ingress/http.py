@@ -40,6 +40,8 @@ class Request:
     receive: Callable[[], Awaitable[dict[str, Any]]]
     path_id: int | None
     max_body_bytes: int
+    # The path's {name} (an event type's), when it has one.
+    path_name: str | None = None
     tenant: TenantScope = DEFAULT_SCOPE
     # The tenant path segment as given (an id or a uid): /v1/tenants/{tenant}/…, /portal/{tenant}.
     tenant_ref: str | None = None

@@ -48,9 +48,12 @@ class Operation:
 
     @functools.cached_property
     def pattern(self) -> re.Pattern[str]:
-        """The path as a regex: `{id}` matches a decimal integer; `{tenant}` is matched by
-        the router before (app.py), and stands for itself here."""
-        escaped = re.escape(self.path).replace(re.escape("{id}"), "(?P<id>[0-9]{1,19})")
+        """The path as a regex: `{id}` matches a decimal integer, `{name}` an event type's
+        name; `{tenant}` is matched by the router before (app.py), and stands for itself
+        here."""
+        escaped = (re.escape(self.path)
+                   .replace(re.escape("{id}"), "(?P<id>[0-9]{1,19})")
+                   .replace(re.escape("{name}"), f"(?P<name>{s.EVENT_TYPE_NAME})"))
         return re.compile("^" + escaped + "$")
 
     def for_tenant(self) -> Operation:
@@ -62,6 +65,9 @@ class Operation:
 
 TENANT_PATH = "/v1/tenants/{tenant}"
 PORTAL_PAGE_PATH = "/portal/{tenant}"
+NAME_SCHEMA = {"type": "string", "pattern": s.EVENT_TYPE_NAME_PATTERN,
+               "description": "the event type's name"}
+_NAME_CURSOR = {"type": "string", "pattern": s.EVENT_TYPE_NAME_PATTERN}
 ID_SCHEMA = {"type": "integer", "minimum": 1, "maximum": s.MAX_ID}
 TENANT_SCHEMA = {"type": "string", "pattern": s.TENANT_UID_PATTERN,
                  "description": "the tenant's id or uid"}
@@ -226,6 +232,28 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("read_session", "GET", "/v1/session",
               "Who the calling token is: the admin, a tenant's key or a portal link, its"
               " tenant, scopes and expiry", 200, s.Session, errors=_DB),
+    # The event-type catalog (event_types_api.py): one per engine; tenant keys with the
+    # read scope may read it, writes are the admin token's alone.
+    Operation("create_event_type", "POST", "/v1/event-types",
+              "Add an event type, with a JSON Schema its events' payloads must pass", 201,
+              s.CatalogEventType, s.EventTypeCreate,
+              errors=(*_BODY_ERRORS, 409, *_ADMIN, *_DB),
+              access="admin"),
+    Operation("list_event_types", "GET", "/v1/event-types", "List event types, by name",
+              200, s.EventTypePage,
+              query=(Param("limit", _LIMIT),
+                     Param("after", _NAME_CURSOR, "the `next` cursor of the previous page")),
+              errors=(422, *_DB)),
+    Operation("read_event_type", "GET", "/v1/event-types/{name}", "Read an event type", 200,
+              s.CatalogEventType, errors=(404, *_DB)),
+    Operation("patch_event_type", "PATCH", "/v1/event-types/{name}",
+              "Change an event type's description, schema, example or deprecation", 200,
+              s.CatalogEventType, s.EventTypePatch,
+              errors=(404, *_BODY_ERRORS, *_ADMIN, *_DB),
+              access="admin"),
+    Operation("delete_event_type", "DELETE", "/v1/event-types/{name}",
+              "Remove an event type from the catalog (its events are kept)", 204, None,
+              errors=(404, *_ADMIN, *_DB), access="admin"),
 )
 # Every operation as /openapi.json lists it: the tenant-scoped ones twice.
 DOCUMENTED: tuple[Operation, ...] = (
@@ -280,6 +308,9 @@ def build_document(max_timeout_ms: int) -> dict[str, Any]:
         if "{id}" in op.path:
             parameters.append({"name": "id", "in": "path", "required": True,
                                "schema": ID_SCHEMA})
+        if "{name}" in op.path:
+            parameters.append({"name": "name", "in": "path", "required": True,
+                               "schema": NAME_SCHEMA})
         for p in op.query:
             parameters.append({"name": p.name, "in": "query", "required": False,
                                "schema": p.schema, "description": p.description})

@@ -424,3 +424,46 @@ class Session(msgspec.Struct):
 class PortalKeyRotated(msgspec.Struct):
     key_id: int  # the new signing key
     retired: int  # keys retired (0 before the first link, else 1)
+
+
+# The event-type catalog (engine/ingress/event_types_api.py) -----------------------------
+
+# An event type's name, as the path, the catalog and event_types' CHECK say it.
+EVENT_TYPE_NAME = "[A-Za-z0-9._-]{1,128}"
+EVENT_TYPE_NAME_PATTERN = whole(EVENT_TYPE_NAME)
+Description = Annotated[str, Meta(max_length=4096, pattern=_NO_NUL)]
+JsonSchema = Annotated[dict[str, Any], Meta(
+    description="A JSON Schema (its `$schema`'s draft; Draft 2020-12 when none), at most"
+                " 64 KiB as JSON; `$ref` only within it")]
+Example = Annotated[Any, Meta(description="A payload of the type; it must pass the schema")]
+
+
+class EventTypeCreate(_Request):
+    # The name's rule is checked by the handler, so a bad name is a 422 that names it.
+    name: str
+    description: Description | None = None
+    schema: JsonSchema | None = None
+    example: Example | None = None
+    deprecated: bool = False
+
+
+class EventTypePatch(_Request):
+    description: Description | UnsetType | None = UNSET
+    schema: JsonSchema | UnsetType | None = UNSET
+    example: Example | UnsetType | None = UNSET
+    deprecated: bool | UnsetType = UNSET
+
+
+class CatalogEventType(msgspec.Struct):
+    name: str
+    description: str | None
+    schema: dict[str, Any] | None
+    example: Any
+    deprecated: bool
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class EventTypePage(msgspec.Struct):
+    data: list[CatalogEventType]
+    next: str | None

@@ -128,12 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--allow-targets")
     parser.add_argument("--max-body-bytes", type=int)
     parser.add_argument("--portal-frame-ancestors")
+    parser.add_argument("--strict-event-types", action="store_true", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     settings = load_settings(
         dsn=args.dsn, allow_private_targets=args.allow_private_targets,
         allow_targets=args.allow_targets,
-        max_body_bytes=args.max_body_bytes,
+        max_body_bytes=args.max_body_bytes, strict_event_types=args.strict_event_types,
         portal_frame_ancestors=args.portal_frame_ancestors,
     )
     run_ingress(settings, engine_conninfo(args.dsn), listen(args.bind), announce=True)

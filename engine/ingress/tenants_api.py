@@ -40,7 +40,7 @@ def _key(row: tuple, tenant_uid: str) -> s.ApiKey:
     return s.ApiKey(*row, tenant=tenant_uid)
 
 
-def _holds_nul(value: object) -> bool:
+def holds_nul(value: object) -> bool:
     """Whether a decoded JSON document has the NUL character in a key or a string (walked
     without recursion: a 4 KiB document can nest 2,000 deep)."""
     stack = [value]
@@ -63,7 +63,7 @@ def _metadata(value: dict[str, Any] | None) -> str | None:
     text = _json.encode(value).decode()
     if len(text) > s.MAX_METADATA_BYTES:
         raise errors.invalid(f"metadata: over {s.MAX_METADATA_BYTES} bytes as JSON")
-    if _holds_nul(value):  # jsonb refuses \u0000 anywhere in a document
+    if holds_nul(value):  # jsonb refuses \u0000 anywhere in a document
         raise errors.invalid("metadata: the NUL character (\\u0000) cannot be stored")
     return text
 

@@ -20,7 +20,7 @@ from engine.db.migrate import migrate
 from engine.testing.pgserver import throwaway_server
 
 TABLES = ("delivery_attempts", "finished_deliveries", "deliveries", "events", "destinations",
-          "delivery_minutes", "api_keys", "tenants", "portal_signing_keys")
+          "delivery_minutes", "api_keys", "tenants", "portal_signing_keys", "event_types")
 
 
 @contextmanager
@@ -93,6 +93,8 @@ def truncate_all(conn: psycopg.Connection) -> None:
     conn.execute("INSERT INTO tenants (uid, name) VALUES ('default', 'default')")
     # Ingress processes reload their keys (engine/ingress/keys.py): ids start again.
     conn.execute("UPDATE auth_generation SET generation = generation + 1")
+    # And their event-type catalogs (engine/ingress/catalog.py): the table is empty again.
+    conn.execute("UPDATE event_type_generation SET generation = generation + 1")
 
 
 def stop_autovacuum(conn: psycopg.Connection) -> None:
