@@ -225,3 +225,48 @@ def test_frame_ancestors_come_from_the_setting(module_dsn: str) -> None:
         # The operator's console stays unframeable.
         console = page(framed, "/console")
         assert "frame-ancestors 'none'" in console.headers["content-security-policy"]
+
+
+def test_a_test_event_carries_the_catalogs_example_to_one_destination(
+        api: IngressProcess, db: psycopg.Connection) -> None:
+    make_tenant(api, "acme")
+    assert api.request("POST", "/v1/event-types", {
+        "name": "order.paid", "schema": {"type": "object", "required": ["id"]},
+        "example": {"id": 7, "note": "example"}}).status == 201
+    first, second = (api.request("POST", "/v1/tenants/acme/destinations",
+                                 {"url": f"http://127.0.0.1:9/{n}"}).json() for n in range(2))
+    token = token_of(portal_link(api, "acme"))
+    sent = as_bearer(api, token, "POST", f"/v1/destinations/{first['id']}/test",
+                     {"type": "order.paid"})
+    assert sent.status == 202 and sent.json()["deliveries"] == 1, sent
+    event = db.execute("SELECT type, payload::jsonb FROM events WHERE id = %s",
+                       [sent.json()["id"]]).fetchone()
+    assert event == ("order.paid", {"id": 7, "note": "example"})
+    assert db.execute("SELECT destination_id FROM deliveries WHERE event_id = %s",
+                      [sent.json()["id"]]).fetchall() == [(first["id"],)]
+    # A type without an example sends {}; a payload given is sent as given, and checked
+    # against the type's schema as any event is.
+    plain = as_bearer(api, token, "POST", f"/v1/destinations/{second['id']}/test",
+                      {"type": "ping"})
+    assert plain.status == 202, plain
+    assert db.execute("SELECT payload::text FROM events WHERE id = %s",
+                      [plain.json()["id"]]).fetchone() == ("{}",)
+    assert_error(as_bearer(api, token, "POST", f"/v1/destinations/{first['id']}/test",
+                           {"type": "order.paid", "payload": {"no": "id"}}), 422, "required")
+
+
+def test_a_test_event_to_another_tenants_destination_or_by_a_read_only_link_is_refused(
+        api: IngressProcess, db: psycopg.Connection) -> None:
+    make_tenant(api, "acme")
+    make_tenant(api, "other")
+    theirs = api.request("POST", "/v1/tenants/other/destinations",
+                         {"url": "http://127.0.0.1:9/other"}).json()
+    mine = api.request("POST", "/v1/tenants/acme/destinations",
+                       {"url": "http://127.0.0.1:9/acme"}).json()
+    token = token_of(portal_link(api, "acme"))
+    assert_error(as_bearer(api, token, "POST", f"/v1/destinations/{theirs['id']}/test",
+                           {"type": "ping"}), 404, "destination")
+    read_only = token_of(portal_link(api, "acme", read_only=True))
+    assert_error(as_bearer(api, read_only, "POST", f"/v1/destinations/{mine['id']}/test",
+                           {"type": "ping"}), 403, "read-only")
+    assert count(db, "events") == 0

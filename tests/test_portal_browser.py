@@ -122,6 +122,14 @@ def world(module_dsn: str, receiver: str, tmp_path_factory: pytest.TempPathFacto
             os.environ["ENGINE_API_TOKEN"] = saved
     try:
         client = client_of(engine)
+        made(client, "/v1/event-types", {
+            "name": "order.paid", "description": "An order was paid for.",
+            "schema": {"type": "object", "required": ["order"],
+                       "properties": {"order": {"type": "integer"},
+                                      "tenant": {"type": "string"}}},
+            "example": {"order": 1001, "tenant": "example"}})
+        made(client, "/v1/event-types", {"name": "order.refunded",
+                                         "description": "An order was refunded."})
         tenants: dict[str, dict[str, Any]] = {}
         for uid in ("acme", "globex"):
             made(client, "/v1/tenants", {"uid": uid, "name": uid.title()})
@@ -311,3 +319,37 @@ def test_signatures_check_with_the_tenants_secret(world: dict[str, Any]) -> None
             expected = sign([destination["secret"]], headers["webhook-id"],
                             int(headers["webhook-timestamp"]), body)
             assert headers["webhook-signature"] == expected
+
+
+def test_a_test_event_reaches_the_tenants_endpoint_signed_with_its_secret(
+        world: dict[str, Any], page: Page) -> None:
+    destination = world["tenants"]["acme"]["destinations"][0]
+    path = urlsplit(destination["url"]).path
+    before = len([1 for p, _, _ in _Receiver.received if p == path])
+    page.goto(link(world, "acme"))
+    page.goto(page.url.split("#")[0] + f"#/destination/{destination['id']}")
+    form = page.locator("#test-event")
+    expect(form).to_be_visible()
+    form.locator("#test-type").select_option("order.paid")
+    assert '"order": 1001' in form.locator("#test-payload").input_value()
+    form.locator('button[type="submit"]').click()
+    expect(page.locator("#test-sent")).to_be_visible()
+    arrived = wait_until(lambda: [r for r in _Receiver.received if r[0] == path][before:],
+                         WAIT_S, "the test event")
+    _, headers, body = arrived[0]
+    assert body == b'{"order":1001,"tenant":"example"}'
+    assert headers["webhook-signature"] == sign(
+        [destination["secret"]], headers["webhook-id"], int(headers["webhook-timestamp"]),
+        body)
+    # Nothing reached B's endpoints.
+    globex = {urlsplit(d["url"]).path for d in world["tenants"]["globex"]["destinations"]}
+    assert len([1 for p, _, _ in _Receiver.received if p in globex]) == 4
+    screenshot(world, page, "test-event-sent")
+
+
+def test_the_event_type_catalog_is_shown(world: dict[str, Any], page: Page) -> None:
+    page.goto(link(world, "acme", read_only=True))
+    page.goto(page.url.split("#")[0] + "#/event-types")
+    expect(page.locator('tr[data-event-type="order.paid"] pre.example')).to_contain_text("1001")
+    expect(page.locator('tr[data-event-type="order.refunded"]')).to_contain_text("refunded")
+    screenshot(world, page, "event-types")

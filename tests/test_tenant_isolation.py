@@ -593,6 +593,9 @@ def request_body(schema: str, world: World, own: Side, pick: Pick) -> Any:
         return pick([{"name": "aside-renamed"}, {"disabled": True},
                      {"metadata": {"n": 1}, "max_in_flight": 5, "rate_limit": 2.0},
                      {"disabled": False}, {}])
+    if schema == "TestEventCreate":
+        return pick([{"type": b.types[0]}, {"type": "aside.fresh", "payload": {"n": 1}},
+                     {"type": CATALOG_TYPE}])
     if schema == "PortalLinkCreate":
         return pick([{}, {"read_only": True}, {"expires_in": 60}])
     if schema == "EventTypeCreate":

@@ -16,12 +16,13 @@ import re
 import time
 from typing import Any, NamedTuple
 
+import msgspec
 import psycopg
 import psycopg_pool
 
 from engine.config import Settings
 from engine.db import queries, queue_async
-from engine.db.sql_params import TenantFindParams
+from engine.db.sql_params import EventTypeParams, TenantFindParams
 from engine.domain import EventIn
 from engine.ingress import errors, store
 from engine.ingress import schemas as s
@@ -324,6 +325,27 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, EventTypeApi, PortalApi)
         event = self._event_in(request.tenant, body, key)
         await self.catalog.admit(body.type, bytes(body.payload), "")
         accepted = await self._commit([event])
+        return json_response(202, accepted[0])
+
+    async def send_test_event(self, request: Request) -> Response:
+        """A real event (in the event log, signed, retried and replayable as any) to the
+        path's destination alone, so a receiver can be tried from the console or the
+        portal before real traffic."""
+        assert request.path_id is not None
+        body: s.TestEventCreate = await request.decode(s.TestEventCreate)
+        async with self._connection() as conn:
+            if await store.read_destination(conn, request.tenant, request.path_id) is None:
+                raise errors.not_found("destination")
+            given = body.payload
+            if given is msgspec.UNSET:
+                row = await (await queries.EVENT_TYPE_READ.run(
+                    conn, EventTypeParams(name=body.type))).fetchone()
+                given = row[3] if row and row[3] is not None else {}
+        payload = msgspec.Raw(encoder.encode(given))
+        event = s.EventCreate(body.type, payload, destination_ids=[request.path_id])
+        committed = self._event_in(request.tenant, event, None)
+        await self.catalog.admit(body.type, bytes(payload), "")
+        accepted = await self._commit([committed])
         return json_response(202, accepted[0])
 
     async def create_event_batch(self, request: Request) -> Response:

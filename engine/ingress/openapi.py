@@ -103,6 +103,11 @@ OPERATIONS: tuple[Operation, ...] = (
               "Replay the destination's dead deliveries (since a time)",
               202, s.ReplayAccepted, s.ReplayDead, errors=(404, *_BODY_ERRORS, *_DB),
               access="manage", tenant_scoped=True),
+    Operation("send_test_event", "POST", "/v1/destinations/{id}/test",
+              "Send the destination a test event of a type: the payload given, else the"
+              " event-type catalog's example, else {}; a real event to it alone", 202,
+              s.EventAccepted, s.TestEventCreate, errors=(404, *_BODY_ERRORS, *_DB),
+              access="manage", tenant_scoped=True),
     Operation("create_event", "POST", "/v1/events",
               "Accept an event: answered after it and its deliveries are committed",
               202, s.EventAccepted, s.EventCreate,

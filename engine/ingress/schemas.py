@@ -147,6 +147,14 @@ class EventCreate(_Request):
     ordering_key: Key | None = None
 
 
+class TestEventCreate(_Request):
+    """A test event to one destination: `payload` (any JSON value) defaults to the
+    catalog's example of the type, else {}."""
+
+    type: EventType
+    payload: Any | UnsetType = UNSET
+
+
 class BatchEventCreate(_Request):
     type: EventType
     payload: Raw

@@ -139,6 +139,7 @@ pages.destination = id => ({
         } }, `Replay ${count}`), " ",
         el("button", { type: "button", class: "secondary", onclick: () => { replaySlot.replaceChildren(); busy = false; } }, "Cancel")));
     });
+    const test = await testEventForm(d);
     const total = stats.attempts;
     show(
       el("h1", {}, `Destination ${d.id}`), secretSlot,
@@ -164,8 +165,77 @@ pages.destination = id => ({
       el("p", {}, destinationActions(d, r => secretSlot.replaceChildren(secretNotice(r))), " ",
         el("a", { href: `#/deliveries?destination_id=${d.id}` }, "its deliveries"), " · ",
         el("a", { href: `#/deliveries?destination_id=${d.id}&status=dead` }, "its dead deliveries")),
+      el("h2", {}, "Send a test event"), test,
       el("h2", {}, "Edit"), edit,
       el("h2", {}, "Bulk replay"), replay, replaySlot);
+  },
+});
+
+// A test event of a type the destination takes (every catalogued one when it takes all),
+// with the catalog's example as its payload unless one is typed (POST
+// /v1/destinations/{id}/test); the event sent is linked.
+async function testEventForm(d) {
+  const catalog = await allEventTypes();
+  const types = catalog.filter(t => !d.event_types || d.event_types.includes(t.name));
+  const names = new Set(types.map(t => t.name));
+  for (const name of d.event_types || []) if (!names.has(name)) types.push({ name, example: null });
+  const select = el("select", { name: "type", id: "test-type" },
+    types.map(t => el("option", { value: t.name }, t.deprecated ? `${t.name} (deprecated)` : t.name)));
+  const payload = el("textarea", { name: "payload", rows: 4, cols: 48, id: "test-payload" });
+  const example = () => {
+    const chosen = types.find(t => t.name === select.value);
+    payload.value = chosen && chosen.example !== null && chosen.example !== undefined
+      ? JSON.stringify(chosen.example, null, 2) : "{}";
+  };
+  select.addEventListener("change", example);
+  example();
+  const form = el("form", { class: "inline", id: "test-event", "data-write": true },
+    types.length ? field("event type", "type", select) : field("event type", "type",
+      el("input", { name: "type", id: "test-type", value: "test.ping" })),
+    field("payload", "payload", payload, "JSON; the catalog's example by default"),
+    el("button", { type: "submit" }, "Send test event"));
+  form.addEventListener("input", () => { busy = true; });
+  form.addEventListener("submit", async event => {
+    event.preventDefault();
+    const f = new FormData(form);
+    let body;
+    try {
+      body = { type: f.get("type"), payload: JSON.parse(String(f.get("payload")) || "{}") };
+    } catch (error) {
+      return act("Send", Promise.reject(new Error(`payload: not JSON (${error.message})`)));
+    }
+    const sent = await act("Send", api("POST", `/v1/destinations/${d.id}/test`, body));
+    if (sent) main.prepend(el("div", { class: "notice", id: "test-sent" }, "Test event ",
+      el("a", { href: `#/event/${sent.id}` }, sent.id), " sent."));
+    return sent;
+  });
+  return form;
+}
+
+async function allEventTypes() {
+  const types = [];
+  let after = null;
+  do {
+    const page = await api("GET", `/v1/event-types?limit=1000${after ? `&after=${encodeURIComponent(after)}` : ""}`);
+    types.push(...page.data);
+    after = page.next;
+  } while (after);
+  return types;
+}
+
+// The event-type catalog (GET /v1/event-types): one per engine, read by every tenant.
+pages["event-types"] = () => ({
+  async load() {
+    const types = await allEventTypes();
+    const rows = types.map(t => el("tr", { "data-event-type": t.name },
+      el("td", { class: "uid" }, t.name, t.deprecated ? [" ", el("span", { class: "badge disabled" }, "deprecated")] : null),
+      el("td", {}, t.description || "–"),
+      el("td", {}, t.schema ? el("pre", { class: "schema" }, JSON.stringify(t.schema, null, 2)) : el("span", { class: "muted" }, "any payload")),
+      el("td", {}, t.example !== null && t.example !== undefined ? el("pre", { class: "example" }, JSON.stringify(t.example, null, 2)) : "–")));
+    show(el("h1", {}, "Event types"),
+      el("p", { class: "muted" }, "The events this engine sends, with the JSON Schema their payloads follow and an example."),
+      types.length ? table(["name", "description", "schema", "example"], rows)
+        : el("p", { class: "muted", id: "no-event-types" }, "No event types are catalogued."));
   },
 });
 
