@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 
 from engine import __version__, demo
-from engine.cli import deliveries, destinations, portal, tenants
+from engine.cli import deliveries, destinations, event_types, portal, tenants
 from engine.cli.errors import CommandError, check_bind, database_error
 from engine.cli.parent_link import exit_with_parent
 from engine.cli.parsing import OneLineParser
@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     deliveries.register(sub, _add_common)
     tenants.register(sub, _add_common)
     portal.register(sub, _add_common)
+    event_types.register(sub, _add_common)
     demo.register(sub)
     autovacuum_advice.add_parser(sub, _add_common)
     return parser
@@ -188,6 +189,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "tenants": cmd_operator,
     "keys": cmd_operator,
     "portal": cmd_operator,
+    "event-types": cmd_operator,
     "demo": demo.run_demo,
     "tune-autovacuum": autovacuum_advice.cmd_tune_autovacuum,
 }
