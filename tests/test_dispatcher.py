@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine.domain import BreakerSettings, Claim, Result
 from engine.observe.oplog import Outage
@@ -22,7 +24,7 @@ from engine.worker.dispatcher import (
     SlotDispatcher,
 )
 from engine.worker.recorder import ResultRecorder
-from engine.worker.slots import LEASE_SAFETY_MS
+from engine.worker.slots import LEASE_SAFETY_MS, round_robin_by_destination
 
 LEASE_MS = 60_000
 TIMEOUT_MS = 5_000
@@ -227,3 +229,20 @@ def test_a_handed_on_result_still_waiting_hands_the_slot_on_itself() -> None:
     assert [(r.id, r.slot_to, r.slot_to_token) for r in folded] == [
         (1, 3, 1003), (2, None, None)]
     assert [(r.id, r.slot_to) for r in later] == [(3, 4)]
+
+
+@given(st.lists(st.integers(min_value=1, max_value=6), max_size=60))
+def test_a_claim_goes_out_in_turns_over_its_destinations(destinations: list[int]) -> None:
+    """Each destination's first claim is among the first as many claims as there are
+    destinations, each destination's claims keep their order (ordered destinations rely
+    on it), and every claim is there once."""
+    claims = [Claim(id=n, event_id=n, destination_id=d, attempt=1, url="http://x/",
+                    timeout_ms=1000, secrets=["s"], payload="{}")
+              for n, d in enumerate(destinations)]
+    turns = round_robin_by_destination(claims)
+    assert sorted(c.id for c in turns) == list(range(len(claims)))
+    distinct = len(set(destinations))
+    assert {c.destination_id for c in turns[:distinct]} == set(destinations)
+    for destination in set(destinations):
+        assert [c.id for c in turns if c.destination_id == destination] == [
+            c.id for c in claims if c.destination_id == destination]

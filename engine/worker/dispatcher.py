@@ -20,7 +20,13 @@ from typing import NamedTuple
 from engine.domain import Claim, Result
 from engine.worker import outcome
 from engine.worker.send_pacing import SEND_AT_ONCE_S, SendSchedule
-from engine.worker.slots import DestinationSlots, Waiting, overstayed, take_overstayed
+from engine.worker.slots import (
+    DestinationSlots,
+    Waiting,
+    overstayed,
+    round_robin_by_destination,
+    take_overstayed,
+)
 
 # A capped destination gets spare claims (hand_over) only once its answers take this long:
 # for one answering in a millisecond the refill brings the slot back before a spare
@@ -88,9 +94,10 @@ class SlotDispatcher:
 
     def take(self, claims: Iterable[Claim]) -> None:
         """Claims that may be sent: each goes out now, or waits for its send time or for
-        a free slot. One whose attempts are used up is recorded dead instead."""
+        a free slot, in turns over their destinations. One whose attempts are used up is
+        recorded dead instead."""
         now = self.clock()
-        for claim in claims:
+        for claim in round_robin_by_destination(claims):
             if outcome.attempts_used_up(claim, self.retry_schedule):
                 self.record(outcome.exhausted(claim))
                 continue
