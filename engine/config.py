@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,7 @@ class Settings:
 
 _DURATION_MS_KEYS = {"default_timeout", "max_timeout", "lease"}
 _DURATION_S_KEYS = {"disable_after"}
+_DURATION_KEYS = _DURATION_MS_KEYS | _DURATION_S_KEYS
 
 
 def _coerce(key: str, value: Any) -> tuple[str, Any]:
@@ -142,6 +144,43 @@ _BOOLEAN_WORDS = {"1": True, "true": True, "yes": True, "0": False, "false": Fal
                   "no": False}
 
 
+ENV_PREFIX = "ENGINE_"
+
+
+def environment_settings(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Every setting from `ENGINE_<NAME>` (the TOML file's names in capitals:
+    ENGINE_PROCS=4, ENGINE_LEASE=90s, ENGINE_RETRY_SCHEDULE=5s,1m, ENGINE_API_TOKEN=…),
+    and the DSN from DATABASE_URL when ENGINE_DSN is not set: a container is configured
+    by its environment alone (SPEC, "Deployment and tracing")."""
+    defaults = Settings()
+    values: dict[str, Any] = {}
+    names = {f.name for f in fields(Settings)} | _DURATION_MS_KEYS | _DURATION_S_KEYS
+    for name in sorted(names):
+        variable = ENV_PREFIX + name.upper()
+        text = environ.get(variable)
+        if not text:
+            continue
+        default = getattr(defaults, name, None)
+        value: Any = text
+        if isinstance(default, bool):
+            if text.lower() not in _BOOLEAN_WORDS:
+                raise ConfigError(f"{variable} must be one of {', '.join(_BOOLEAN_WORDS)},"
+                                  f" got {text!r}")
+            value = _BOOLEAN_WORDS[text.lower()]
+        elif isinstance(default, int | float) and name not in _DURATION_KEYS:
+            kind = type(default)
+            try:
+                value = kind(text)
+            except ValueError:
+                raise ConfigError(f"{variable} must be {_TYPE_NAMES[kind]}, got {text!r}"
+                                  ) from None
+        key, value = _coerce(name, value)
+        values[key] = value
+    if "dsn" not in values and environ.get("DATABASE_URL"):
+        values["dsn"] = environ["DATABASE_URL"]
+    return values
+
+
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
     """Build Settings from defaults, the TOML file, the environment and `overrides`
     (flags; None values are ignored so unset flags do not mask the file)."""
@@ -157,26 +196,8 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             if key not in known:
                 raise ConfigError(f"unknown setting {raw_key!r} in {config_file}")
             values[key] = value
-    dsn = os.environ.get("ENGINE_DSN") or os.environ.get("DATABASE_URL")
-    if dsn:  # the environment overrides the file, as flags override both
-        values["dsn"] = dsn
-    if os.environ.get("ENGINE_API_TOKEN"):
-        values["api_token"] = os.environ["ENGINE_API_TOKEN"]
-    worker_nice = os.environ.get("ENGINE_WORKER_NICE")
-    if worker_nice:
-        try:
-            values["worker_nice"] = int(worker_nice)
-        except ValueError:
-            raise ConfigError(
-                f"ENGINE_WORKER_NICE must be an integer, got {worker_nice!r}"
-            ) from None
-    strict = os.environ.get("ENGINE_STRICT_EVENT_TYPES")
-    if strict:
-        if strict.lower() not in _BOOLEAN_WORDS:
-            raise ConfigError(
-                f"ENGINE_STRICT_EVENT_TYPES must be one of {', '.join(_BOOLEAN_WORDS)},"
-                f" got {strict!r}")
-        values["strict_event_types"] = _BOOLEAN_WORDS[strict.lower()]
+    # The environment overrides the file, as flags override both.
+    values.update(environment_settings(os.environ))
     for key, value in overrides.items():
         if value is None:
             continue
