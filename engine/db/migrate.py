@@ -14,6 +14,7 @@ the running engine's queries behind a long transaction) is tried again, a few ti
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,18 @@ import psycopg.errors
 from engine.db import queries
 from engine.db.sql_params import LockKeyParams, MigrationsRecordParams
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
+
+def _schema_dir() -> Path:
+    """schema/ of the source tree (a checkout, an editable install), else the copy a
+    wheel installs under the environment's share/engine/schema (pyproject.toml's
+    data-files): `pip install .` and the container image migrate as a checkout does."""
+    source = Path(__file__).resolve().parents[2] / "schema"
+    if source.is_dir():
+        return source
+    return Path(sys.prefix) / "share" / "engine" / "schema"
+
+
+SCHEMA_DIR = _schema_dir()
 # An arbitrary constant naming "engine migrations" in pg_advisory_lock's key space.
 MIGRATION_LOCK_KEY = 0x656E67696E65  # "engine"
 _FILE_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
