@@ -8,6 +8,9 @@
 #                              chromium (the console's browser tests), curl (the README's
 #                              examples), openssl, ip (iproute2), PostgreSQL 15 (CI's
 #                              second run, tools/with-pg15.sh)
+#   bash tools/setup.sh container  podman, runc and debootstrap: the container test
+#                              (tests/test_container.py builds the image on a base image
+#                              made here by tools/container-base.sh)
 #
 # Each need is checked by the command or file it provides, so a machine that has it from
 # elsewhere (node from NodeSource, a Python built with its headers) installs nothing.
@@ -38,8 +41,12 @@ if [ "${1:-}" = test ]; then
     need_command openssl openssl
     need_command ip iproute2
     [ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
+elif [ "${1:-}" = container ]; then
+    need_command podman podman
+    need_command runc runc
+    need_command debootstrap debootstrap
 elif [ -n "${1:-}" ]; then
-    echo "setup.sh: unknown argument '$1' (none, or 'test')" >&2
+    echo "setup.sh: unknown argument '$1' (none, 'test' or 'container')" >&2
     exit 2
 fi
 

@@ -233,7 +233,7 @@ OPERATIONS: tuple[Operation, ...] = (
               " link's token; 401 with a page saying why for an expired, changed or other"
               " tenant's link", 200, None,
               query=(Param("token", {"type": "string"}, "the portal link's token"),),
-              errors=(401,), auth=False, content_type="text/html"),
+              errors=(401, 404, 422), auth=False, content_type="text/html"),
     Operation("read_session", "GET", "/v1/session",
               "Who the calling token is: the admin, a tenant's key or a portal link, its"
               " tenant, scopes and expiry", 200, s.Session, errors=_DB),
@@ -346,10 +346,11 @@ def build_document(max_timeout_ms: int) -> dict[str, Any]:
         if "{tenant}" in op.path:
             codes |= {404}
         for code in sorted(codes):
-            responses[str(code)] = {
-                "description": _REASONS[code],
-                "content": {JSON: {"schema": _ref("ErrorBody")}},
-            }
+            # A page's own refusal is a page (the portal's 401 says why in HTML); its
+            # other errors are the API's JSON.
+            content = ({op.content_type: {"schema": {}}} if code == 401 and not op.auth
+                       else {JSON: {"schema": _ref("ErrorBody")}})
+            responses[str(code)] = {"description": _REASONS[code], "content": content}
         item["responses"] = responses
         if not op.auth:
             item["security"] = []
