@@ -107,3 +107,5 @@ class EventIn:
     idempotency_key: str | None = None
     request_hash: bytes | None = None
     tenant_id: int = DEFAULT_TENANT_ID
+    # Its channels (SPEC "Routing"), as stored: engine/webhooks/routing.py channel_list.
+    channels: Sequence[str] | None = None
