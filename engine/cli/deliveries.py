@@ -6,41 +6,22 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import msgspec
 
 from engine.cli import output
 from engine.cli.errors import CommandError
-from engine.cli.parsing import add_json, add_tenant, positive_id, tenant_path
+from engine.cli.parsing import add_json, add_tenant, json_argument, positive_id, tenant_path
 
 if TYPE_CHECKING:  # the API's modules load only when a command runs, not for `engine --help`
     from engine.cli.local_api import LocalApi
 from engine.webhooks.retry import parse_duration
 
 
-def _payload(text: str) -> bytes:
-    """--payload JSON, or @FILE; checked to be one JSON value so the error can name the
-    flag (the API would point into the request body it was placed in)."""
-    if text.startswith("@"):
-        path = Path(text[1:])
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise CommandError(f"--payload: cannot read {path}: {exc.strerror}") from None
-    else:
-        # Bytes of the terminal that are not UTF-8 reach sys.argv as lone surrogates.
-        raw = text.encode(errors="surrogateescape")
-    try:
-        msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise CommandError(f"--payload: not valid JSON: {exc}") from None
-    return raw.strip()
-
-
 def send(api: LocalApi, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"type": args.type, "payload": msgspec.Raw(_payload(args.payload))}
+    body: dict[str, Any] = {"type": args.type,
+                            "payload": json_argument("--payload", args.payload)}
+    if args.channel:
+        body["channels"] = args.channel
     if args.destination:
         body["destination_ids"] = args.destination
     if args.ordering_key is not None:
@@ -158,6 +139,9 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[..., None]) -
     p.add_argument("--idempotency-key", metavar="K",
                    help="a repeat with the same key is answered without a second event")
     p.add_argument("--ordering-key", metavar="K", help="ordering key for ordered destinations")
+    p.add_argument("--channel", action="append", metavar="C",
+                   help="a channel of the event (repeat): it then reaches only destinations"
+                        " subscribed to one of them")
     add_tenant(p)
     p.set_defaults(operator_command=send)
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 from typing import NoReturn
 
+import msgspec
+
+from engine.cli.errors import CommandError
 from engine.ingress.schemas import MAX_ID, TENANT_UID_PATTERN
 
 _TENANT_UID = re.compile(TENANT_UID_PATTERN)
@@ -57,3 +61,23 @@ def tenant_path(args: argparse.Namespace, path: str) -> str:
     if tenant is None:
         return path
     return f"/v1/tenants/{tenant}/" + path.removeprefix("/v1/")
+
+
+def json_argument(flag: str, text: str) -> msgspec.Raw:
+    """A JSON flag's value (--payload, --filter): JSON text, or @FILE; checked to be one
+    JSON value so the error can name the flag (the API would point into the request body
+    it was placed in). Passed to the API as the exact text given."""
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise CommandError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    else:
+        # Bytes of the terminal that are not UTF-8 reach sys.argv as lone surrogates.
+        raw = text.encode(errors="surrogateescape")
+    try:
+        msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise CommandError(f"{flag}: not valid JSON: {exc}") from None
+    return msgspec.Raw(raw.strip())
