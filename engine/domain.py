@@ -109,3 +109,6 @@ class EventIn:
     tenant_id: int = DEFAULT_TENANT_ID
     # Its channels (SPEC "Routing"), as stored: engine/webhooks/routing.py channel_list.
     channels: Sequence[str] | None = None
+    # Whether enqueue_events.sql may parse the payload as jsonb for filters: false only
+    # for a payload it cannot hold (engine/webhooks/routing.py payload_is_filterable).
+    filterable: bool = True

@@ -39,7 +39,6 @@ from engine.db.sql_params import (
     TenantDeliveryParams,
 )
 from engine.domain import OUTCOMES, BreakerSettings, Claim, EventIn, Result
-from engine.webhooks.routing import payload_is_filterable
 
 _RESULTS_ENCODER = msgspec.json.Encoder()
 _LOCK_CAPPED = LockCappedDestinationsParams(
@@ -290,7 +289,7 @@ def enqueue_params(events: Sequence[EventIn]) -> EnqueueEventsParams:
         target_destination_id=target_dest,
         tenant_ids=[e.tenant_id for e in events],
         channels=[",".join(e.channels) if e.channels else None for e in events],
-        filterable=[payload_is_filterable(e.payload) for e in events],
+        filterable=[e.filterable for e in events],
     )
 
 

@@ -9,7 +9,8 @@
 --      Its deliveries carry the tenant, for the claim's fair share (claim_batch.sql).
 --   $10 channels text[]: each event's channel names joined by commas (names cannot hold
 --      one; NULL: none), $11 filterable bool[]: whether its payload may be parsed as
---      jsonb (engine/webhooks/routing.py payload_is_filterable; false: no filter admits it)
+--      jsonb (false: no filter admits it; engine/ingress/committer.py sets it false for
+--      a payload jsonb cannot hold after this statement failed to parse it)
 -- Routing (SPEC "Routing", docs/decisions/0033): a destination is a target only if its
 -- `filter_path` (NULL: no filter) matches the payload and, when the event has channels,
 -- it is subscribed to one of them. Both hold for listed destinations too ("an event
