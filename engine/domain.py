@@ -107,3 +107,8 @@ class EventIn:
     idempotency_key: str | None = None
     request_hash: bytes | None = None
     tenant_id: int = DEFAULT_TENANT_ID
+    # Its channels (SPEC "Routing"), as stored: engine/webhooks/routing.py channel_list.
+    channels: Sequence[str] | None = None
+    # Whether enqueue_events.sql may parse the payload as jsonb for filters: false only
+    # for a payload it cannot hold (engine/webhooks/routing.py payload_is_filterable).
+    filterable: bool = True

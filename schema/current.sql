@@ -40,6 +40,10 @@ CREATE TABLE destinations (
     disabled_at timestamp with time zone,
     breaker_closed_at timestamp with time zone,
     tenant_id bigint DEFAULT 1 NOT NULL,
+    filter jsonb,
+    filter_path jsonpath,
+    channels text[],
+    CONSTRAINT destinations_filter_compiled_check CHECK (((filter IS NULL) = (filter_path IS NULL))),
     CONSTRAINT destinations_max_in_flight_check CHECK ((max_in_flight > 0)),
     CONSTRAINT destinations_rate_limit_check CHECK ((rate_limit > (0)::double precision)),
     CONSTRAINT destinations_timeout_ms_check CHECK ((timeout_ms > 0)),
@@ -47,6 +51,7 @@ CREATE TABLE destinations (
 );
 CREATE INDEX destinations_breaker_idx ON destinations (paused_until) WHERE (breaker <> 'closed'::breaker_state);
 CREATE INDEX destinations_capped_idx ON destinations (id) WHERE (max_in_flight IS NOT NULL);
+CREATE INDEX destinations_filtered_tenant_idx ON destinations (tenant_id) WHERE ((filter_path IS NOT NULL) AND (deleted_at IS NULL));
 CREATE INDEX destinations_rate_limited_idx ON destinations (id) WHERE (rate_limit IS NOT NULL);
 CREATE INDEX destinations_tenant_idx ON destinations (tenant_id, id) WHERE (deleted_at IS NULL);
 
@@ -60,6 +65,7 @@ CREATE TABLE events (
     delivery_count integer NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     tenant_id bigint DEFAULT 1 NOT NULL,
+    channels text[],
     CONSTRAINT events_pkey PRIMARY KEY (id)
 );
 CREATE INDEX events_created_at_idx ON events USING brin (created_at);

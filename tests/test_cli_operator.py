@@ -139,6 +139,40 @@ def test_send_and_read_deliveries(cli: Cli, conn: psycopg.Connection, tmp_path: 
     assert first != second
 
 
+def test_channels_and_filters_from_the_command_line(
+    cli: Cli, conn: psycopg.Connection, tmp_path: Path,
+) -> None:
+    gold = tmp_path / "gold.json"
+    gold.write_text('{"customer.tier": {"$eq": "gold"}}\n')
+    filtered = create(cli, "--filter", f"@{gold}", "--channel", "eu", "--channel", "us")
+    assert filtered["filter"] == {"customer.tier": {"$eq": "gold"}}
+    assert filtered["channels"] == ["eu", "us"]
+    plain = create(cli)["id"]
+    code, out, _ = cli.run("destinations", "show", str(filtered["id"]))
+    assert code == 0 and "customer.tier" in out and "eu" in out
+    sent = cli.json("send", "--type", "t", "--payload", '{"customer": {"tier": "gold"}}',
+                    "--channel", "eu")
+    assert sent["deliveries"] == 1
+    rows = conn.execute("SELECT destination_id FROM deliveries WHERE event_id = %s",
+                        [sent["id"]]).fetchall()
+    assert rows == [(filtered["id"],)]
+    assert cli.json("send", "--type", "t", "--payload", '{"customer": {"tier": "gold"}}'
+                    )["deliveries"] == 2
+    assert cli.json("send", "--type", "t", "--payload", "{}")["deliveries"] == 1
+    assert plain != filtered["id"]
+    before = count(conn, "destinations")
+    assert "unknown operator '$like'" in cli.refused(
+        "destinations", "create", URL, "--allow-private-targets", "--filter",
+        '{"a": {"$like": "x"}}')
+    assert "--filter: not valid JSON" in cli.refused(
+        "destinations", "create", URL, "--allow-private-targets", "--filter", "{")
+    assert "--channel" in cli.refused(
+        "destinations", "create", URL, "--allow-private-targets", "--channel", "no spaces")
+    assert "--channel" in cli.refused("send", "--type", "t", "--payload", "{}",
+                                      "--channel", "a/b")
+    assert count(conn, "destinations") == before
+
+
 def make_dead(conn: psycopg.Connection, count_: int) -> list[int]:
     claims = queue_sync.claim_batch(conn, "w", count_, LEASE_MS)
     t = now(conn)

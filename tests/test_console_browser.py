@@ -343,6 +343,39 @@ def test_edit_a_destination_and_see_a_refused_value_next_to_its_field(
     screenshot(world, page, "destination-edit-refused")
 
 
+def test_create_and_edit_a_destinations_channels_and_filter(
+    world: dict[str, Any], page: Page
+) -> None:
+    open_console(world, page, "destinations")
+    create = page.locator("#create-destination")
+    create.locator("input[name=url]").fill("http://127.0.0.1:9/routed")
+    create.locator("input[name=channels]").fill("eu, orders")
+    create.locator("textarea[name=filter]").fill('{"customer.tier": {"$eq": "gold"}}')
+    create.locator("button[type=submit]").click()
+    expect(page.locator("main")).to_contain_text("127.0.0.1:9/routed")
+    [(destination, filter_, channels)] = db_rows(
+        world, "SELECT id, filter, channels FROM destinations WHERE url = %s",
+        ("http://127.0.0.1:9/routed",))
+    assert (filter_, channels) == ({"customer.tier": {"$eq": "gold"}}, ["eu", "orders"])
+
+    page.click(f"a[href='#/destination/{destination}']")
+    expect(page.locator("#destination-channels")).to_have_text("eu, orders")
+    form = page.locator("#edit-destination")
+    form.locator("textarea[name=filter]").fill('{"items.0.qty": {"$gt": 1}}')
+    form.locator("input[name=channels]").fill("")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("main .notice")).to_contain_text("Saved.")
+    expect(page.locator("#destination-filter")).to_contain_text("items.0.qty")
+    # The API's refusal of a bad operator is shown by the field; nothing changes.
+    form = page.locator("#edit-destination")
+    form.locator("textarea[name=filter]").fill('{"a": {"$like": "x"}}')
+    form.locator("button[type=submit]").click()
+    expect(form.locator("[data-error-for=filter]")).to_contain_text("unknown operator '$like'")
+    assert db_rows(world, "SELECT filter, channels FROM destinations WHERE id = %s",
+                   (destination,)) == [({"items.0.qty": {"$gt": 1}}, None)]
+    screenshot(world, page, "destination-filter-refused")
+
+
 def backlogs(world: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """Each tenant's pending and in-flight deliveries, from the database."""
     return {uid: (pending, in_flight) for uid, pending, in_flight in db_rows(world, (

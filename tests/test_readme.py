@@ -91,6 +91,15 @@ def test_tenant_examples_work_against_a_running_engine(dsn: str, tmp_path: Path)
         ("default", 0), ("acme", 1)]
 
 
+def test_routing_examples_work_against_a_running_engine(dsn: str, tmp_path: Path) -> None:
+    block = next(b for b in shell_blocks(README) if '"filter"' in b)
+    answers = run_curl_commands(dsn, tmp_path, curl_commands(block))
+    accepted = [a for c, a in answers if "/v1/events" in c]
+    assert [a["deliveries"] for a in accepted] == [2, 1]
+    patched = answers[-1][1]
+    assert patched["filter"] == {"customer.tier": {"$in": ["gold", "platinum"]}}
+
+
 def test_operator_command_examples_work(dsn: str, tmp_path: Path) -> None:
     block = next(b for b in shell_blocks(README) if b.startswith("engine "))
     commands = [line for line in block.splitlines() if line.startswith("engine ")]

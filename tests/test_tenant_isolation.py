@@ -559,6 +559,9 @@ def event_body(world: World, own: Side, pick: Pick, batch: bool, n: int) -> dict
     ordering_key = pick([world.b.ordering_keys[0], None])
     if ordering_key is not None:
         body["ordering_key"] = ordering_key
+    channels = pick([None, ["aside"]])
+    if channels is not None:
+        body["channels"] = channels
     if batch:
         # Distinct keys within a batch: a repeat within one batch is its own refusal.
         key = pick([world.b.idempotency_keys[n % 3], None])
@@ -579,11 +582,13 @@ def request_body(schema: str, world: World, own: Side, pick: Pick) -> Any:
         types = pick([b.types[:1], None, ["aside.fresh"]])
         if types is not None:
             body["event_types"] = types
-        return body
+        routing = pick([{}, {"filter": {"marker": {"$exists": True}}, "channels": ["aside"]}])
+        return body | routing
     if schema == "DestinationPatch":
         return pick([{"paused": True}, {"rotate_secret": True}, {"disabled": True},
                      {"url": "http://127.0.0.1:9/aside-moved"}, {"event_types": b.types[:2]},
-                     {"max_in_flight": 3, "rate_limit": 5.0}, {}])
+                     {"max_in_flight": 3, "rate_limit": 5.0}, {}, {"channels": ["aside"]},
+                     {"filter": {"$not": {"marker": {"$eq": "aside-payload"}}}}])
     if schema == "ReplayDead":
         since = pick([None, b.times[0], "2000-01-01T00:00:00Z"])
         return {"status": "dead"} if since is None else {"status": "dead", "since": since}

@@ -8,8 +8,6 @@ import datetime as dt
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from engine.cli import output
 from engine.cli.errors import CommandError
 from engine.cli.parsing import add_json, add_tenant, json_argument, positive_id, tenant_path
@@ -21,7 +19,9 @@ from engine.webhooks.retry import parse_duration
 
 def send(api: LocalApi, args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"type": args.type,
-                            "payload": msgspec.Raw(json_argument("--payload", args.payload))}
+                            "payload": json_argument("--payload", args.payload)}
+    if args.channel:
+        body["channels"] = args.channel
     if args.destination:
         body["destination_ids"] = args.destination
     if args.ordering_key is not None:
@@ -139,6 +139,9 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[..., None]) -
     p.add_argument("--idempotency-key", metavar="K",
                    help="a repeat with the same key is answered without a second event")
     p.add_argument("--ordering-key", metavar="K", help="ordering key for ordered destinations")
+    p.add_argument("--channel", action="append", metavar="C",
+                   help="a channel of the event (repeat): it then reaches only destinations"
+                        " subscribed to one of them")
     add_tenant(p)
     p.set_defaults(operator_command=send)
 

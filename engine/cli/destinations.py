@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.cli import output
-from engine.cli.parsing import add_json, add_tenant, positive_id, tenant_path
+from engine.cli.parsing import add_json, add_tenant, json_argument, positive_id, tenant_path
 
 if TYPE_CHECKING:  # the API's modules load only when a command runs, not for `engine --help`
     from engine.cli.local_api import LocalApi
@@ -92,6 +92,10 @@ def create_destination(api: LocalApi, args: argparse.Namespace) -> int:
             body[name] = value
     if args.ordered:
         body["ordered"] = True
+    if args.channel:
+        body["channels"] = args.channel
+    if args.filter is not None:
+        body["filter"] = json_argument("--filter", args.filter)
     answer = api.check("POST", tenant_path(args, "/v1/destinations"), body)
     return _show(answer.body, args.json, answer.json())
 
@@ -157,6 +161,11 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[..., None]) -
     create.add_argument("--secret", help="whsec_… signing secret (default: a new one)")
     create.add_argument("--ordered", action="store_true",
                         help="deliver one at a time per ordering key, in order")
+    create.add_argument("--channel", action="append", metavar="C",
+                        help="subscribe to this channel (repeat; events with channels reach"
+                             " only their subscribers)")
+    create.add_argument("--filter", metavar="JSON|@FILE",
+                        help="deliver only events whose payload matches this filter")
     create.add_argument(
         "--allow-private-targets", action="store_true", default=argparse.SUPPRESS,
         help="allow loopback/private addresses (as the engine's flag of that name)",

@@ -63,7 +63,7 @@ def create_type(api: LocalApi, args: argparse.Namespace) -> int:
     for flag in ("schema", "example"):
         value = getattr(args, flag)
         if value is not None:
-            body[flag] = msgspec.Raw(json_argument(f"--{flag}", value))
+            body[flag] = json_argument(f"--{flag}", value)
     answer = api.check("POST", "/v1/event-types", body)
     if args.json:
         output.print_json(answer.body)

@@ -36,7 +36,7 @@ _FIELD_PREFIX = re.compile(r"^(?P<field>[a-z_]+): (?P<message>.*)$")
 # API names whose flag is not the name with dashes; `url` is the positional URL.
 FLAG_NAMES = {"destination_id": "--destination", "destination_ids": "--destination",
               "url": "URL", "event_types": "--event-type", "type": "--type",
-              "uid": "UID", "scopes": "--scope"}
+              "uid": "UID", "scopes": "--scope", "channels": "--channel"}
 
 
 def _flag(field: str) -> str:

@@ -63,10 +63,10 @@ def tenant_path(args: argparse.Namespace, path: str) -> str:
     return f"/v1/tenants/{tenant}/" + path.removeprefix("/v1/")
 
 
-def json_argument(flag: str, text: str) -> bytes:
-    """A flag's JSON value, given inline or as @FILE; checked to be one JSON value so the
-    error can name the flag (the API would point into the request body it was placed
-    in)."""
+def json_argument(flag: str, text: str) -> msgspec.Raw:
+    """A JSON flag's value (--payload, --filter): JSON text, or @FILE; checked to be one
+    JSON value so the error can name the flag (the API would point into the request body
+    it was placed in). Passed to the API as the exact text given."""
     if text.startswith("@"):
         path = Path(text[1:])
         try:
@@ -80,4 +80,4 @@ def json_argument(flag: str, text: str) -> bytes:
         msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise CommandError(f"{flag}: not valid JSON: {exc}") from None
-    return raw.strip()
+    return msgspec.Raw(raw.strip())

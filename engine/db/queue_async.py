@@ -288,6 +288,8 @@ def enqueue_params(events: Sequence[EventIn]) -> EnqueueEventsParams:
         target_ord=target_ord,
         target_destination_id=target_dest,
         tenant_ids=[e.tenant_id for e in events],
+        channels=[",".join(e.channels) if e.channels else None for e in events],
+        filterable=[e.filterable for e in events],
     )
 
 

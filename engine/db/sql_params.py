@@ -97,6 +97,8 @@ class EnqueueEventsParams(NamedTuple):
     target_ord: list[int]
     target_destination_id: list[int]
     tenant_ids: list[int]
+    channels: list[str | None]
+    filterable: list[bool]
 
 
 class TenantParams(NamedTuple):
@@ -251,6 +253,9 @@ class ApiDestinationCreateParams(NamedTuple):
     headers: str | None  # a JSON object
     retry_schedule: list[float] | None
     tenant_id: int
+    filter: str | None  # a JSON object
+    filter_path: str | None
+    channels: list[str] | None
 
 
 class ApiDestinationPatchParams(NamedTuple):
@@ -274,6 +279,11 @@ class ApiDestinationPatchParams(NamedTuple):
     set_retry_schedule: bool
     retry_schedule: list[float] | None
     tenant_id: int
+    set_filter: bool
+    filter: str | None  # a JSON object
+    filter_path: str | None
+    set_channels: bool
+    channels: list[str] | None
 
 
 class ApiDeliveriesListParams(NamedTuple):

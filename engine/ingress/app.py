@@ -58,6 +58,7 @@ from engine.ingress.portal_tokens import OTHER_TENANT
 from engine.ingress.tenants_api import TenantApi
 from engine.observe import metrics as engine_metrics
 from engine.observe.operational_events import RESERVED_EVENT_PREFIX
+from engine.webhooks.routing import channel_list
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +83,14 @@ NO_PATH_PARAMS = PathParams(None, None)
 
 
 def request_hash(event_type: str, payload: bytes, destination_ids: list[int] | None,
-                 ordering_key: str | None) -> bytes:
+                 ordering_key: str | None, channels: list[str] | None = None) -> bytes:
     """Identifies "the same request" for Idempotency-Key: the fields that make the event,
-    the payload as its exact bytes."""
-    head = encoder.encode([event_type, destination_ids, ordering_key])
+    the payload as its exact bytes. Channels join the hashed fields only when given, so a
+    request without them hashes as it did before channels existed."""
+    fields: list[object] = [event_type, destination_ids, ordering_key]
+    if channels:
+        fields.append(channels)
+    head = encoder.encode(fields)
     return hashlib.sha256(head + b"\n" + payload).digest()
 
 
@@ -298,6 +303,7 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, EventTypeApi, PortalApi)
                 f"type: types starting with {RESERVED_EVENT_PREFIX!r} are reserved for the"
                 " engine's operational events")
         payload = bytes(event.payload)
+        channels = channel_list(event.channels)
         return EventIn(
             type=event.type,
             payload=payload.decode("utf-8"),
@@ -305,9 +311,10 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, EventTypeApi, PortalApi)
             ordering_key=event.ordering_key,
             idempotency_key=idempotency_key,
             request_hash=request_hash(
-                event.type, payload, event.destination_ids, event.ordering_key
+                event.type, payload, event.destination_ids, event.ordering_key, channels
             ) if idempotency_key is not None else None,
             tenant_id=tenant.id,
+            channels=channels,
         )
 
     async def _commit(self, events: list[EventIn]) -> list[s.EventAccepted]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import psycopg
+from psycopg.errors import NumericValueOutOfRange, UntranslatableCharacter
 from psycopg.types.array import ListBinaryDumper
 from psycopg.types.string import StrBinaryDumper
 
@@ -38,6 +39,7 @@ from engine.ingress import errors
 from engine.ingress.errors import ApiError
 from engine.ingress.schemas import EventAccepted
 from engine.observe.oplog import Outage
+from engine.webhooks.routing import payload_is_filterable
 
 if TYPE_CHECKING:
     from engine.ingress.dbgate import DatabaseGate
@@ -187,7 +189,7 @@ class Committer:
                 conn = None
             if conn is None:
                 conn = await self._connect("engine ingress commit")
-            answers, notify = await self._write_retrying(conn, batch)
+            answers, notify = await self._write_routed(conn, batch)
         except psycopg.OperationalError as exc:
             # The connection or the server failed (or a statement timeout cancelled the
             # write): nobody's events are known to be written.
@@ -272,6 +274,21 @@ class Committer:
         conn.adapters.register_dumper(list, ListBinaryDumper)
         conn.adapters.register_dumper(str, StrBinaryDumper)
         return conn
+
+    async def _write_routed(
+        self, conn: psycopg.AsyncConnection, batch: list[Submission]
+    ) -> tuple[dict[Submission, list[EventAccepted] | ApiError], bool]:
+        """`_write_retrying`, once more if PostgreSQL could not parse a payload as jsonb for
+        a filtered destination: the payloads it cannot hold are then marked, match no
+        filter, and are written like the others (engine/webhooks/routing.py). The failed
+        statement wrote nothing (one statement, or a transaction rolled back)."""
+        try:
+            return await self._write_retrying(conn, batch)
+        except (NumericValueOutOfRange, UntranslatableCharacter):
+            for submission in batch:
+                for event in submission.events:
+                    event.filterable = payload_is_filterable(event.payload)
+            return await self._write_retrying(conn, batch)
 
     async def _write_retrying(
         self, conn: psycopg.AsyncConnection, batch: list[Submission]

@@ -19,6 +19,7 @@ from engine.webhooks.destination_options import (
     check_rate_limit,
     check_retry_schedule,
 )
+from engine.webhooks.routing import FilterError, channel_list, compile_filter
 from engine.webhooks.signing import generate_secret, secret_key
 from engine.webhooks.targets import TargetError, validate_url
 
@@ -79,7 +80,11 @@ class DestinationApi:
                 options.retry_schedule = (
                     None if body.retry_schedule is None
                     else check_retry_schedule(body.retry_schedule))
-        except OptionError as exc:
+            if body.filter is not UNSET:
+                options.filter = compile_filter(body.filter)
+            if body.channels is not UNSET:
+                options.channels = channel_list(body.channels)
+        except (OptionError, FilterError) as exc:
             raise errors.invalid(str(exc)) from None
         return options
 

@@ -70,6 +70,23 @@ EventType = Annotated[
     str, Meta(min_length=1, max_length=256, pattern=_NO_NUL,
               description="Types starting with `engine.` are reserved (operational events)"),
 ]
+# Routing (SPEC "Routing"; engine/webhooks/routing.py checks what a schema cannot say:
+# operators, paths, nesting, size).
+ChannelName = Annotated[str, Meta(pattern=whole("[A-Za-z0-9._-]{1,128}"))]
+Channels = Annotated[
+    list[ChannelName],
+    Meta(max_length=10, description="Channel names (1-128 of A-Z a-z 0-9 . _ -). An event"
+         " with channels reaches only destinations subscribed to one of them; an event"
+         " without reaches destinations whatever their channels"),
+]
+Filter = Annotated[
+    dict[str, Any],
+    Meta(description="Conditions on the payload, e.g. {\"customer.tier\": {\"$eq\":"
+         " \"gold\"}}: dotted paths (a numeric segment indexes an array) to objects of"
+         " $eq $neq $gt $gte $lt $lte $in $nin $exists, and $and/$or (lists of filters),"
+         " $not (one filter); every condition must hold. Values compare by JSON type."
+         " At most 10 levels deep and 4 KiB"),
+]
 DeliveryStatus = Literal["pending", "in_flight", "delivered", "dead"]
 BreakerState = Literal["closed", "open", "half_open"]
 
@@ -93,6 +110,8 @@ class DestinationCreate(_Request):
     rate_limit: RateLimit | None = None
     headers: Headers | None = None
     retry_schedule: RetrySchedule | None = None
+    filter: Filter | None = None
+    channels: Channels | None = None
 
 
 class DestinationPatch(_Request):
@@ -104,6 +123,8 @@ class DestinationPatch(_Request):
     rate_limit: RateLimit | UnsetType | None = UNSET
     headers: Headers | UnsetType | None = UNSET
     retry_schedule: RetrySchedule | UnsetType | None = UNSET
+    filter: Filter | UnsetType | None = UNSET
+    channels: Channels | UnsetType | None = UNSET
     paused: bool | UnsetType = UNSET
     disabled: bool | UnsetType = UNSET
     rotate_secret: bool | UnsetType = UNSET
@@ -130,6 +151,8 @@ class Destination(msgspec.Struct):
     # The first failure since the last success: the auto-disable clock (null: healthy).
     failing_since: Timestamp | None
     tenant: str
+    filter: dict[str, Any] | None
+    channels: list[str] | None
     # Present only in the answer to a creation or a rotation.
     secret: str | UnsetType = UNSET
     previous_secret_until: Timestamp | None = None
@@ -145,6 +168,7 @@ class EventCreate(_Request):
     payload: Raw
     destination_ids: Annotated[list[Id], Meta(max_length=1000)] | None = None
     ordering_key: Key | None = None
+    channels: Channels | None = None
 
 
 class TestEventCreate(_Request):
@@ -160,6 +184,7 @@ class BatchEventCreate(_Request):
     payload: Raw
     destination_ids: Annotated[list[Id], Meta(max_length=1000)] | None = None
     ordering_key: Key | None = None
+    channels: Channels | None = None
     idempotency_key: Key | None = None
 
 
@@ -218,6 +243,7 @@ class Event(msgspec.Struct):
     created_at: Timestamp
     deliveries: list[Delivery]
     tenant: str
+    channels: list[str] | None
 
 
 class ReplayDead(_Request):

@@ -29,12 +29,22 @@ _json = msgspec.json.Encoder()
 
 
 class DeliveryOptions(msgspec.Struct):
-    """The per-destination delivery options, validated (engine/webhooks/destination_options.py).
-    On a PATCH, a field left UNSET keeps the column."""
+    """The per-destination delivery and routing options, validated
+    (engine/webhooks/destination_options.py, engine/webhooks/routing.py). On a PATCH, a
+    field left UNSET keeps the column."""
 
     rate_limit: float | msgspec.UnsetType | None = msgspec.UNSET
     headers: dict[str, str] | msgspec.UnsetType | None = msgspec.UNSET
     retry_schedule: list[float] | msgspec.UnsetType | None = msgspec.UNSET
+    # The filter as stored and its jsonpath (routing.compile_filter); None: no filter.
+    filter: tuple[str, str] | msgspec.UnsetType | None = msgspec.UNSET
+    channels: list[str] | msgspec.UnsetType | None = msgspec.UNSET
+
+    def filter_columns(self) -> tuple[str | None, str | None]:
+        """The filter as api_destination_*.sql bind it: (JSON text, jsonpath), or NULLs."""
+        if self.filter is None or self.filter is msgspec.UNSET:
+            return None, None
+        return self.filter
 
     def headers_json(self) -> str | None:
         """The headers as api_destination_*.sql bind them: a JSON object, or NULL."""
@@ -53,9 +63,9 @@ HOT_STATUSES = ("pending", "in_flight")
 
 
 def _destination(row: tuple, tenant: TenantScope, with_secret: bool = False) -> Destination:
-    *columns, schedule, failing_since, secret, previous_until = row
+    *columns, schedule, failing_since, secret, previous_until, filter_, channels = row
     delays = None if schedule is None else [format_duration(d) for d in schedule]
-    destination = Destination(*columns, delays, failing_since, tenant.uid)
+    destination = Destination(*columns, delays, failing_since, tenant.uid, filter_, channels)
     if with_secret:
         destination.secret = secret
         destination.previous_secret_until = previous_until
@@ -78,11 +88,13 @@ async def create_destination(
     options: DeliveryOptions | None = None,
 ) -> Destination:
     options = options or DeliveryOptions()
+    filter_json, filter_path = options.filter_columns()
     params = ApiDestinationCreateParams(
         url=url, secret=secret, event_types=event_types, max_in_flight=max_in_flight,
         ordered=ordered, timeout_ms=timeout_ms, rate_limit=_value(options.rate_limit),
         headers=options.headers_json(), retry_schedule=_value(options.retry_schedule),
-        tenant_id=tenant.id,
+        tenant_id=tenant.id, filter=filter_json, filter_path=filter_path,
+        channels=_value(options.channels),
     )
     row = await _fetchone(conn, queries.API_DESTINATION_CREATE, params)
     assert row is not None
@@ -111,6 +123,7 @@ async def patch_destination(
     options: DeliveryOptions | None = None,
 ) -> Destination | None:
     options = options or DeliveryOptions()
+    filter_json, filter_path = options.filter_columns()
     params = ApiDestinationPatchParams(
         destination_id=destination_id, url=url, set_event_types=set_event_types,
         event_types=event_types, set_max_in_flight=set_max_in_flight,
@@ -123,6 +136,9 @@ async def patch_destination(
         set_headers=options.headers is not msgspec.UNSET, headers=options.headers_json(),
         set_retry_schedule=options.retry_schedule is not msgspec.UNSET,
         retry_schedule=_value(options.retry_schedule), tenant_id=tenant.id,
+        set_filter=options.filter is not msgspec.UNSET, filter=filter_json,
+        filter_path=filter_path,
+        set_channels=options.channels is not msgspec.UNSET, channels=_value(options.channels),
     )
     row = await _fetchone(conn, queries.API_DESTINATION_PATCH, params)
     return _destination(row, tenant, with_secret=new_secret is not None) if row else None
@@ -150,10 +166,10 @@ async def _row_with_its_rows(
 
 async def read_event(conn: AsyncConnection, tenant: TenantScope, event_id: int) -> Event | None:
     def event(row: tuple, rows: list[tuple]) -> Event:
-        event_id, type_, payload, ordering_key, idempotency_key, created_at = row
+        event_id, type_, payload, ordering_key, idempotency_key, created_at, channels = row
         return Event(
             event_id, type_, msgspec.Raw(payload.encode()), ordering_key, idempotency_key,
-            created_at, [Delivery(*r, tenant.uid) for r in rows], tenant.uid,
+            created_at, [Delivery(*r, tenant.uid) for r in rows], tenant.uid, channels,
         )
 
     return await _row_with_its_rows(

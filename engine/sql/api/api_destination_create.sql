@@ -2,15 +2,19 @@
 --   $1 url text, $2 secret text, $3 event types text[] (NULL: every type),
 --   $4 max_in_flight int (NULL: no cap), $5 ordered bool, $6 timeout_ms int,
 --   $7 rate_limit float8 (NULL: none), $8 headers text (a JSON object, or NULL),
---   $9 retry_schedule float8[] (seconds; NULL: the engine's), $10 tenant id bigint
+--   $9 retry_schedule float8[] (seconds; NULL: the engine's), $10 tenant id bigint,
+--   $11 filter text (a JSON object, or NULL), $12 filter path text (its jsonpath,
+--   engine/webhooks/routing.py), $13 channels text[] (NULL: none)
 -- Returns the destination columns in the order engine/ingress/store.py `_destination` reads
 -- them (the same list in every api_destination*.sql).
 INSERT INTO destinations (url, secret, event_types, max_in_flight, ordered, timeout_ms,
-                          rate_limit, headers, retry_schedule, tenant_id)
+                          rate_limit, headers, retry_schedule, tenant_id, filter,
+                          filter_path, channels)
 VALUES ($1::text, $2::text, $3::text[], $4::int, $5::bool, $6::int, $7::float8,
-        $8::text::jsonb, $9::float8[], $10::bigint)
+        $8::text::jsonb, $9::float8[], $10::bigint, $11::text::jsonb, $12::text::jsonpath,
+        $13::text[])
 RETURNING
     id, url, event_types, max_in_flight, ordered, timeout_ms, paused, disabled,
     disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
     updated_at, rate_limit, headers, retry_schedule, failing_since, secret,
-    previous_secret_until
+    previous_secret_until, filter, channels

@@ -9,7 +9,10 @@
 --   $13 resume bool (paused or disabled set to false),
 --   $14 set rate_limit bool, $15 rate_limit float8, $16 set headers bool,
 --   $17 headers text (a JSON object), $18 set retry_schedule bool,
---   $19 retry_schedule float8[] ($14-$19: from store.DeliveryOptions), $20 tenant id bigint
+--   $19 retry_schedule float8[] ($14-$19: from store.DeliveryOptions), $20 tenant id bigint,
+--   $21 set filter bool, $22 filter text (a JSON object, or NULL),
+--   $23 filter path text (its jsonpath, engine/webhooks/routing.py),
+--   $24 set channels bool, $25 channels text[]
 -- Every field is optional: a NULL value (or a false `set_*` flag for nullable columns)
 -- keeps the column. Resuming (paused or disabled set to false) also closes the breaker,
 -- so the operator's "go" is not held back by an old failure streak, and restarts the
@@ -41,10 +44,13 @@ UPDATE destinations SET
     rate_limit = CASE WHEN $14::bool THEN $15::float8 ELSE rate_limit END,
     headers = CASE WHEN $16::bool THEN $17::text::jsonb ELSE headers END,
     retry_schedule = CASE WHEN $18::bool THEN $19::float8[] ELSE retry_schedule END,
+    filter = CASE WHEN $21::bool THEN $22::text::jsonb ELSE filter END,
+    filter_path = CASE WHEN $21::bool THEN $23::text::jsonpath ELSE filter_path END,
+    channels = CASE WHEN $24::bool THEN $25::text[] ELSE channels END,
     updated_at = now()
 WHERE id = $1::bigint AND tenant_id = $20::bigint AND deleted_at IS NULL
 RETURNING
     id, url, event_types, max_in_flight, ordered, timeout_ms, paused, disabled,
     disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
     updated_at, rate_limit, headers, retry_schedule, failing_since, secret,
-    previous_secret_until
+    previous_secret_until, filter, channels

@@ -354,6 +354,16 @@ function secretNotice(d) {
     el("button", { type: "button", class: "secondary", onclick: e => { e.target.parentNode.remove(); busy = false; } }, "Done"));
 }
 
+// A destination's filter (SPEC "Routing") as typed: JSON, or nothing for no filter. The
+// API validates it (operators, paths, depth, size); here only the JSON text is read.
+const FILTER_EXAMPLE = '{"customer.tier": {"$eq": "gold"}}';
+
+function filterField(text) {
+  const value = String(text ?? "").trim();
+  if (value === "") return null;
+  try { return JSON.parse(value); } catch (error) { throw new Error(`filter: not valid JSON: ${error.message}`); }
+}
+
 const destinations = {
   async load() {
     // The overview is the admin's: a tenant key's list goes without the per-destination numbers.
@@ -370,6 +380,9 @@ const destinations = {
       el("label", {}, "event types (comma separated, empty: all)", el("input", { name: "event_types" })),
       el("label", {}, "max in flight", el("input", { name: "max_in_flight", type: "number", min: 1 })),
       el("label", {}, "timeout ms", el("input", { name: "timeout_ms", type: "number", min: 1 })),
+      el("label", {}, "channels (comma separated, empty: none)", el("input", { name: "channels" })),
+      el("label", {}, "filter (JSON, empty: every payload)",
+        el("textarea", { name: "filter", rows: 2, cols: 40, placeholder: FILTER_EXAMPLE })),
       el("button", { type: "submit" }, "Create destination"));
     create.addEventListener("submit", async event => {
       event.preventDefault();
@@ -379,6 +392,12 @@ const destinations = {
       if (types.length) body.event_types = types;
       if (f.get("max_in_flight")) body.max_in_flight = Number(f.get("max_in_flight"));
       if (f.get("timeout_ms")) body.timeout_ms = Number(f.get("timeout_ms"));
+      const channels = String(f.get("channels")).split(",").map(t => t.trim()).filter(Boolean);
+      if (channels.length) body.channels = channels;
+      try {
+        const filter = filterField(f.get("filter"));
+        if (filter !== null) body.filter = filter;
+      } catch (error) { return act("Create", Promise.reject(error)); }
       const created = await act("Create", api("POST", "/v1/destinations", body));
       if (created) onSecret(created);
     });

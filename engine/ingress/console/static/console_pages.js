@@ -35,6 +35,10 @@ function parseHeaders(text) {
   return Object.keys(headers).length ? headers : null;
 }
 
+function editedFilter(text) {
+  try { return filterField(text); } catch (error) { throw new FieldError("filter", error.message); }
+}
+
 function listOrNull(text) {
   const items = String(text).split(",").map(t => t.trim()).filter(Boolean);
   return items.length ? items : null;
@@ -48,9 +52,9 @@ function numberField(text) {
 }
 
 // The field an API validation message is about: "rate_limit: ...", "headers['X']: ...",
-// "retry_schedule[0]: ..." or msgspec's "... - at `$.timeout_ms`".
+// "retry_schedule[0]: ...", "filter.a.$gt: ..." or msgspec's "... - at `$.timeout_ms`".
 function fieldOf(message) {
-  const match = /^([a-z_]+)[[:]/.exec(message) || /`\$\.([a-z_]+)/.exec(message);
+  const match = /^([a-z_]+)[[:.]/.exec(message) || /`\$\.([a-z_]+)/.exec(message);
   return match ? match[1] : null;
 }
 
@@ -77,6 +81,11 @@ function editForm(d) {
     field("extra headers", "headers",
       el("textarea", { name: "headers", rows: 3, cols: 32, placeholder: "X-Team: payments" },
         d.headers ? headerLines(d.headers) : ""), "one Name: value per line"),
+    field("channels", "channels",
+      el("input", { name: "channels", value: (d.channels || []).join(", ") }), "comma separated; empty: none"),
+    field("filter", "filter",
+      el("textarea", { name: "filter", rows: 3, cols: 40, placeholder: FILTER_EXAMPLE },
+        d.filter ? JSON.stringify(d.filter, null, 1) : ""), "JSON over the payload; empty: every payload"),
     el("label", { class: "field check" },
       el("span", {}, el("input", { name: "ordered", type: "checkbox", checked: d.ordered }), " ordered"),
       el("span", { class: "hint" }, "one at a time per ordering key"),
@@ -95,6 +104,7 @@ function editForm(d) {
         max_in_flight: numberField(f.get("max_in_flight")), timeout_ms: numberField(f.get("timeout_ms")),
         rate_limit: numberField(f.get("rate_limit")), retry_schedule: listOrNull(f.get("retry_schedule")),
         headers: parseHeaders(String(f.get("headers"))), ordered: f.get("ordered") === "on",
+        channels: listOrNull(f.get("channels")), filter: editedFilter(f.get("filter")),
       };
       await api("PATCH", `/v1/destinations/${d.id}`, body);
     } catch (error) {
@@ -158,6 +168,10 @@ pages.destination = id => ({
           d.retry_schedule ? d.retry_schedule.join(", ") : "the engine's (--retry-schedule)"),
         el("dt", {}, "extra headers"), el("dd", { id: "destination-headers", class: "lines" },
           d.headers && Object.keys(d.headers).length ? headerLines(d.headers) : "none"),
+        el("dt", {}, "channels"), el("dd", { id: "destination-channels" },
+          d.channels ? d.channels.join(", ") : "none (receives events without channels)"),
+        el("dt", {}, "filter"), el("dd", { id: "destination-filter", class: "lines" },
+          d.filter ? JSON.stringify(d.filter) : "none (every payload)"),
         el("dt", {}, "backlog"), el("dd", {}, `${stats.pending} pending, ${stats.in_flight} in flight, ${stats.dead} dead`),
         el("dt", {}, "last hour"), el("dd", { id: "destination-stats" },
           `${total} attempts: ${stats.succeeded} succeeded, ${stats.http_error} HTTP errors, ${stats.transport_error} without answer`
