@@ -251,6 +251,11 @@ class ApiDestinationCreateParams(NamedTuple):
     headers: str | None  # a JSON object
     retry_schedule: list[float] | None
     tenant_id: int
+    tls_client_cert: str | None = None
+    tls_client_key: str | None = None
+    tls_ca_bundle: str | None = None
+    proxy: str | None = None
+    auth: str | None = None  # a JSON object
 
 
 class ApiDestinationPatchParams(NamedTuple):
@@ -274,6 +279,14 @@ class ApiDestinationPatchParams(NamedTuple):
     set_retry_schedule: bool
     retry_schedule: list[float] | None
     tenant_id: int
+    set_tls: bool = False
+    tls_client_cert: str | None = None
+    tls_client_key: str | None = None
+    tls_ca_bundle: str | None = None
+    set_proxy: bool = False
+    proxy: str | None = None
+    set_auth: bool = False
+    auth: str | None = None  # a JSON object
 
 
 class ApiDeliveriesListParams(NamedTuple):

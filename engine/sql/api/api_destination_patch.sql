@@ -9,7 +9,13 @@
 --   $13 resume bool (paused or disabled set to false),
 --   $14 set rate_limit bool, $15 rate_limit float8, $16 set headers bool,
 --   $17 headers text (a JSON object), $18 set retry_schedule bool,
---   $19 retry_schedule float8[] ($14-$19: from store.DeliveryOptions), $20 tenant id bigint
+--   $19 retry_schedule float8[] ($14-$19: from store.DeliveryOptions), $20 tenant id bigint,
+--   $21 set tls bool, $22 tls_client_cert text, $23 tls_client_key text,
+--   $24 tls_ca_bundle text, $25 set proxy bool, $26 proxy text, $27 set auth bool,
+--   $28 auth text (a JSON object) ($21-$28: from store.EgressSettings)
+-- A change of tls, proxy or auth takes a new egress_revision (NULL when none is left), so
+-- workers read the destination's egress settings again and no token fetched with the old
+-- credentials is used (schema/022_egress.sql).
 -- Every field is optional: a NULL value (or a false `set_*` flag for nullable columns)
 -- keeps the column. Resuming (paused or disabled set to false) also closes the breaker,
 -- so the operator's "go" is not held back by an old failure streak, and restarts the
@@ -41,10 +47,23 @@ UPDATE destinations SET
     rate_limit = CASE WHEN $14::bool THEN $15::float8 ELSE rate_limit END,
     headers = CASE WHEN $16::bool THEN $17::text::jsonb ELSE headers END,
     retry_schedule = CASE WHEN $18::bool THEN $19::float8[] ELSE retry_schedule END,
+    tls_client_cert = CASE WHEN $21::bool THEN $22::text ELSE tls_client_cert END,
+    tls_client_key = CASE WHEN $21::bool THEN $23::text ELSE tls_client_key END,
+    tls_ca_bundle = CASE WHEN $21::bool THEN $24::text ELSE tls_ca_bundle END,
+    proxy = CASE WHEN $25::bool THEN $26::text ELSE proxy END,
+    auth = CASE WHEN $27::bool THEN $28::text::jsonb ELSE auth END,
+    egress_revision = CASE
+        WHEN NOT ($21::bool OR $25::bool OR $27::bool) THEN egress_revision
+        WHEN CASE WHEN $21::bool THEN $22::text ELSE tls_client_cert END IS NULL
+             AND CASE WHEN $21::bool THEN $24::text ELSE tls_ca_bundle END IS NULL
+             AND CASE WHEN $25::bool THEN $26::text ELSE proxy END IS NULL
+             AND CASE WHEN $27::bool THEN $28::text ELSE auth::text END IS NULL THEN NULL
+        ELSE nextval('egress_revision_seq') END,
     updated_at = now()
 WHERE id = $1::bigint AND tenant_id = $20::bigint AND deleted_at IS NULL
 RETURNING
     id, url, event_types, max_in_flight, ordered, timeout_ms, paused, disabled,
     disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
     updated_at, rate_limit, headers, retry_schedule, failing_since, secret,
-    previous_secret_until
+    previous_secret_until, tls_client_cert, tls_client_key IS NOT NULL, tls_ca_bundle, proxy,
+    auth - 'client_secret'
