@@ -383,3 +383,25 @@ class EventTypeParams(NamedTuple):
 class EventTypesListParams(NamedTuple):
     after_name: str | None
     limit: int
+
+
+class DestinationEgressReadParams(NamedTuple):
+    destination_id: int
+
+
+class OauthTokenReadParams(NamedTuple):
+    destination_id: int
+    egress_revision: int
+
+
+class OauthTokenLockParams(NamedTuple):
+    advisory_lock_class: int
+    destination_id: int
+
+
+class OauthTokenStoreParams(NamedTuple):
+    destination_id: int
+    egress_revision: int
+    access_token: str
+    lifetime_s: float
+    refresh_after_s: float
