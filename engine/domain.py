@@ -42,7 +42,7 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
     headers: dict[str, str] | None = None  # the destination's static extra headers
     retry_schedule: list[float] | None = None  # its own retry delays (seconds), if any
     rate_limit: float | None = None  # its requests per second, if limited
-    # Its egress settings' revision (mutual TLS, a proxy, OAuth2: schema/022_egress.sql),
+    # Its egress settings' revision (mutual TLS, a proxy, OAuth2: schema/023_egress.sql),
     # None without any: the worker reads the settings once per revision (engine/worker/egress.py).
     egress_revision: int | None = None
     claim_token: int | None = None  # names this claim; its results carry it (schema/009)

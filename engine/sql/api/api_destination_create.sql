@@ -6,7 +6,7 @@
 --   $11 tls_client_cert text, $12 tls_client_key text, $13 tls_ca_bundle text (PEM),
 --   $14 proxy text, $15 auth text (a JSON object; engine/webhooks/egress.py checked all
 --   five; NULL: none)
--- egress_revision: a new one when any of $11-$15 is set (schema/022_egress.sql).
+-- egress_revision: a new one when any of $11-$15 is set (schema/023_egress.sql).
 -- Returns the destination columns in the order engine/ingress/store.py `_destination` reads
 -- them (the same list in every api_destination*.sql).
 INSERT INTO destinations (url, secret, event_types, max_in_flight, ordered, timeout_ms,

@@ -15,7 +15,7 @@
 --   $28 auth text (a JSON object) ($21-$28: from store.EgressSettings)
 -- A change of tls, proxy or auth takes a new egress_revision (NULL when none is left), so
 -- workers read the destination's egress settings again and no token fetched with the old
--- credentials is used (schema/022_egress.sql).
+-- credentials is used (schema/023_egress.sql).
 -- Every field is optional: a NULL value (or a false `set_*` flag for nullable columns)
 -- keeps the column. Resuming (paused or disabled set to false) also closes the breaker,
 -- so the operator's "go" is not held back by an old failure streak, and restarts the
