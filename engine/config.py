@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from engine.webhooks.egress import check_proxy_scheme, fingerprints
 from engine.webhooks.retry import DEFAULT_SCHEDULE, parse_duration, parse_schedule
 from engine.webhooks.targets import Allowance, IPNetwork, parse_allowed_networks
 
@@ -62,6 +63,10 @@ class Settings:
     # An event whose type is not in the event-type catalog is refused (422), not only one
     # whose payload fails its type's schema (engine/ingress/catalog.py).
     strict_event_types: bool = False
+    # Egress (SPEC, "Egress"): every delivery through this forward proxy (a destination's
+    # own `proxy` wins), and these CAs trusted instead of the system's for every destination.
+    egress_proxy: str | None = None
+    ca_bundle: Path | None = None
 
     def validate(self) -> Settings:
         if self.procs < 1:
@@ -81,6 +86,16 @@ class Settings:
             raise ConfigError("max_in_flight must be at least 1")
         if not 0 <= self.worker_nice <= 19:
             raise ConfigError("worker_nice must be from 0 to 19")
+        if self.egress_proxy is not None:
+            try:
+                check_proxy_scheme("egress_proxy", self.egress_proxy)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if self.ca_bundle is not None:
+            try:
+                fingerprints(self.ca_bundle.read_text())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"ca_bundle: {self.ca_bundle}: {exc}") from None
         host, _, port = self.bind.rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ConfigError(f"bind must be HOST:PORT, got {self.bind!r}")
@@ -120,7 +135,7 @@ def _coerce(key: str, value: Any) -> tuple[str, Any]:
             raise ConfigError(str(exc)) from None
     if key == "portal_frame_ancestors":
         return key, parse_frame_ancestors(value if isinstance(value, str) else ",".join(value))
-    if key == "data_dir":
+    if key in ("data_dir", "ca_bundle"):
         return key, Path(value)
     return key, value
 

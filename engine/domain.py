@@ -42,6 +42,9 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
     headers: dict[str, str] | None = None  # the destination's static extra headers
     retry_schedule: list[float] | None = None  # its own retry delays (seconds), if any
     rate_limit: float | None = None  # its requests per second, if limited
+    # Its egress settings' revision (mutual TLS, a proxy, OAuth2: schema/023_egress.sql),
+    # None without any: the worker reads the settings once per revision (engine/worker/egress.py).
+    egress_revision: int | None = None
     claim_token: int | None = None  # names this claim; its results carry it (schema/009)
     # This claim filled its destination's max_in_flight: claimers are being turned away
     # until a slot comes back, so the worker records its results sooner

@@ -10,6 +10,8 @@ CREATE SEQUENCE delivery_id_seq AS bigint;
 
 CREATE SEQUENCE claim_token_seq AS bigint;
 
+CREATE SEQUENCE egress_revision_seq AS bigint;
+
 CREATE TABLE destinations (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     url text NOT NULL,
@@ -43,10 +45,19 @@ CREATE TABLE destinations (
     filter jsonb,
     filter_path jsonpath,
     channels text[],
+    tls_client_cert text,
+    tls_client_key text,
+    tls_ca_bundle text,
+    proxy text,
+    auth jsonb,
+    egress_revision bigint,
+    CONSTRAINT destinations_auth_type CHECK (((auth IS NULL) OR ((auth ->> 'type'::text) = 'oauth2_client_credentials'::text))),
+    CONSTRAINT destinations_egress_revision CHECK (((egress_revision IS NULL) = ((tls_client_cert IS NULL) AND (tls_ca_bundle IS NULL) AND (proxy IS NULL) AND (auth IS NULL)))),
     CONSTRAINT destinations_filter_compiled_check CHECK (((filter IS NULL) = (filter_path IS NULL))),
     CONSTRAINT destinations_max_in_flight_check CHECK ((max_in_flight > 0)),
     CONSTRAINT destinations_rate_limit_check CHECK ((rate_limit > (0)::double precision)),
     CONSTRAINT destinations_timeout_ms_check CHECK ((timeout_ms > 0)),
+    CONSTRAINT destinations_tls_pair CHECK (((tls_client_cert IS NULL) = (tls_client_key IS NULL))),
     CONSTRAINT destinations_pkey PRIMARY KEY (id)
 );
 CREATE INDEX destinations_breaker_idx ON destinations (paused_until) WHERE (breaker <> 'closed'::breaker_state);
@@ -239,3 +250,14 @@ CREATE TABLE portal_signing_keys (
     CONSTRAINT portal_signing_keys_pkey PRIMARY KEY (id)
 );
 CREATE UNIQUE INDEX portal_signing_keys_live_idx ON portal_signing_keys ((true)) WHERE (retired_at IS NULL);
+
+CREATE TABLE oauth_tokens (
+    destination_id bigint NOT NULL,
+    egress_revision bigint NOT NULL,
+    access_token text NOT NULL,
+    fetched_at timestamp with time zone NOT NULL,
+    refresh_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT oauth_tokens_destination_id_fkey FOREIGN KEY (destination_id) REFERENCES destinations(id) ON DELETE CASCADE,
+    CONSTRAINT oauth_tokens_pkey PRIMARY KEY (destination_id)
+);

@@ -49,6 +49,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import psycopg
 import pytest
+import trustme
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -70,6 +71,16 @@ EXAMPLES = MIN_EXAMPLES + MIN_EXAMPLES // 10
 # In every text B owns (uid, name, metadata, URLs, headers, types, payloads, keys, errors,
 # response bodies): an answer that carries it carries B's data.
 MARK = "bside"
+# A client certificate and key made for the run (trustme), and a line of the key's base64,
+# which no answer may carry.
+_EGRESS_CA = trustme.CA()
+_EGRESS_LEAF = _EGRESS_CA.issue_cert("isolation-client.example")
+EGRESS_TLS = {"client_cert": _EGRESS_LEAF.cert_chain_pems[0].bytes().decode(),
+              "client_key": _EGRESS_LEAF.private_key_pem.bytes().decode(),
+              "ca_bundle": _EGRESS_CA.cert_pem.bytes().decode()}
+EGRESS_KEY_MARKER = EGRESS_TLS["client_key"].splitlines()[1]
+ASIDE_AUTH = {"type": "oauth2_client_credentials", "token_url": "http://127.0.0.1:9/token",
+              "client_id": "aside-client", "client_secret": "aside-client-secret"}
 A_UID = "aside-tenant"
 B_UID = f"{MARK}-tenant"
 # B's rows get ids from these values on, which no other row reaches in a run: a B id in
@@ -229,6 +240,14 @@ def build_side(server: IngressProcess, db: psycopg.Connection, side: Side, mark:
                                 "headers": {"X-Side": f"{mark}-header-{n}"}}
         if n == 1:
             body["event_types"] = [f"{mark}.type.0", shared_type]
+        if n == 2:
+            # Egress (SPEC, "Egress"): the key and the client secret are B's secrets too.
+            client_secret = f"{mark}-client-secret"
+            body |= {"tls": EGRESS_TLS, "proxy": f"http://{mark}-proxy.example:3128",
+                     "auth": {"type": "oauth2_client_credentials",
+                              "token_url": f"http://127.0.0.1:9/{mark}-token",
+                              "client_id": f"{mark}-client", "client_secret": client_secret}}
+            secrets += [client_secret, EGRESS_KEY_MARKER]
         made = admin(server, "POST", f"{base}/destinations", body)
         secrets.append(made["secret"])
         side.destinations.append(made["id"])
@@ -582,13 +601,17 @@ def request_body(schema: str, world: World, own: Side, pick: Pick) -> Any:
         types = pick([b.types[:1], None, ["aside.fresh"]])
         if types is not None:
             body["event_types"] = types
-        routing = pick([{}, {"filter": {"marker": {"$exists": True}}, "channels": ["aside"]}])
-        return body | routing
+        body |= pick([{}, {"filter": {"marker": {"$exists": True}}, "channels": ["aside"]}])
+        body |= pick([{}, {"tls": EGRESS_TLS}, {"proxy": "http://127.0.0.1:3128"},
+                      {"auth": ASIDE_AUTH}])
+        return body
     if schema == "DestinationPatch":
         return pick([{"paused": True}, {"rotate_secret": True}, {"disabled": True},
                      {"url": "http://127.0.0.1:9/aside-moved"}, {"event_types": b.types[:2]},
                      {"max_in_flight": 3, "rate_limit": 5.0}, {}, {"channels": ["aside"]},
-                     {"filter": {"$not": {"marker": {"$eq": "aside-payload"}}}}])
+                     {"filter": {"$not": {"marker": {"$eq": "aside-payload"}}}},
+                     {"tls": EGRESS_TLS}, {"proxy": "http://127.0.0.1:3128", "auth": ASIDE_AUTH},
+                     {"tls": None, "proxy": None, "auth": None}])
     if schema == "ReplayDead":
         since = pick([None, b.times[0], "2000-01-01T00:00:00Z"])
         return {"status": "dead"} if since is None else {"status": "dead", "since": since}

@@ -21,6 +21,7 @@ from engine.testing.fakedest import FakeDestination
 from engine.webhooks.signing import generate_secret
 from engine.worker import DeliveryWorker, outcome
 from engine.worker.dispatcher import SPARES_PER_SLOT
+from engine.worker.egress import EgressSide
 from engine.worker.http.pools import CurlPools
 from engine.worker.http.transfer import HttpResult
 from engine.worker.recorder import FLUSH_INTERVAL_S, SLOT_FLUSH_INTERVAL_S
@@ -361,6 +362,8 @@ def test_an_answer_that_hands_its_slot_to_a_spare_waits_for_the_usual_flush() ->
         worker.room = asyncio.Event()
         worker.http_idle = asyncio.Event()
         worker.http = CurlPools(worker.capacity)
+        worker.egress = EgressSide("postgresql://unused", worker.http, True, worker.lookup,
+                                   None, None)
         dispatcher, recorder = worker.dispatcher, worker.recorder
         slots = dispatcher.destinations[7] = DestinationSlots()
         answered = HttpResult(200, b"{}", None, 100.0, None, 0.0)

@@ -62,6 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse (422) an event whose type is not in the event-type catalog"
              " (env ENGINE_STRICT_EVENT_TYPES=1)",
     )
+    parser.add_argument(
+        "--egress-proxy", metavar="URL",
+        help="send every delivery through this http:// or https:// forward proxy (a"
+             " destination's own proxy wins; env ENGINE_EGRESS_PROXY)",
+    )
+    parser.add_argument(
+        "--ca-bundle", metavar="FILE",
+        help="PEM file of the CAs trusted for every destination instead of the system's"
+             " (env ENGINE_CA_BUNDLE)",
+    )
     parser.add_argument("--retry-schedule", help="comma-separated delays, e.g. 5s,5m,30m,2h")
     parser.add_argument(
         "--disable-after",
@@ -105,6 +115,7 @@ _SETTING_FLAGS = {
     "max_timeout": "max_timeout", "drain_deadline_s": "drain_deadline",
     "portal_frame_ancestors": "portal_frame_ancestors",
     "strict_event_types": "strict_event_types",
+    "egress_proxy": "egress_proxy", "ca_bundle": "ca_bundle",
 }
 
 

@@ -203,3 +203,8 @@ EVENT_TYPE_UPDATE = Statement("event_type_update", p.EventTypeWriteParams)
 EVENT_TYPE_DELETE = Statement("event_type_delete", p.EventTypeParams)
 EVENT_TYPE_GENERATION_READ = Statement("event_type_generation_read")
 EVENT_TYPES_LIVE = Statement("event_types_live")
+# Egress: a destination's settings and its OAuth2 token (engine/worker/egress.py).
+DESTINATION_EGRESS_READ = Statement("destination_egress_read", p.DestinationEgressReadParams)
+OAUTH_TOKEN_READ = Statement("oauth_token_read", p.OauthTokenReadParams)
+OAUTH_TOKEN_LOCK = Statement("oauth_token_lock", p.OauthTokenLockParams)
+OAUTH_TOKEN_STORE = Statement("oauth_token_store", p.OauthTokenStoreParams)

@@ -256,6 +256,11 @@ class ApiDestinationCreateParams(NamedTuple):
     filter: str | None  # a JSON object
     filter_path: str | None
     channels: list[str] | None
+    tls_client_cert: str | None = None
+    tls_client_key: str | None = None
+    tls_ca_bundle: str | None = None
+    proxy: str | None = None
+    auth: str | None = None  # a JSON object
 
 
 class ApiDestinationPatchParams(NamedTuple):
@@ -284,6 +289,14 @@ class ApiDestinationPatchParams(NamedTuple):
     filter_path: str | None
     set_channels: bool
     channels: list[str] | None
+    set_tls: bool = False
+    tls_client_cert: str | None = None
+    tls_client_key: str | None = None
+    tls_ca_bundle: str | None = None
+    set_proxy: bool = False
+    proxy: str | None = None
+    set_auth: bool = False
+    auth: str | None = None  # a JSON object
 
 
 class ApiDeliveriesListParams(NamedTuple):
@@ -380,3 +393,25 @@ class EventTypeParams(NamedTuple):
 class EventTypesListParams(NamedTuple):
     after_name: str | None
     limit: int
+
+
+class DestinationEgressReadParams(NamedTuple):
+    destination_id: int
+
+
+class OauthTokenReadParams(NamedTuple):
+    destination_id: int
+    egress_revision: int
+
+
+class OauthTokenLockParams(NamedTuple):
+    advisory_lock_class: int
+    destination_id: int
+
+
+class OauthTokenStoreParams(NamedTuple):
+    destination_id: int
+    egress_revision: int
+    access_token: str
+    lifetime_s: float
+    refresh_after_s: float

@@ -19,6 +19,13 @@ from engine.webhooks.destination_options import (
     check_rate_limit,
     check_retry_schedule,
 )
+from engine.webhooks.egress import (
+    EgressError,
+    check_client_secret,
+    check_proxy,
+    check_tls,
+    check_token_url,
+)
 from engine.webhooks.routing import FilterError, channel_list, compile_filter
 from engine.webhooks.signing import generate_secret, secret_key
 from engine.webhooks.targets import TargetError, validate_url
@@ -88,6 +95,35 @@ class DestinationApi:
             raise errors.invalid(str(exc)) from None
         return options
 
+    def _check_egress(
+        self, body: s.DestinationCreate | s.DestinationPatch
+    ) -> store.EgressSettings:
+        """The egress settings of a request, validated (engine/webhooks/egress.py); UNSET
+        stays UNSET. Nothing is written when one fails: this runs before the statement."""
+        egress = store.EgressSettings()
+        allowance = self.settings.target_allowance
+        try:
+            if isinstance(body.tls, s.TlsSettings):
+                tls = check_tls(body.tls.client_cert, body.tls.client_key, body.tls.ca_bundle)
+                egress.tls = (tls.client_cert, tls.client_key, tls.ca_bundle)
+            elif body.tls is None:
+                egress.tls = None
+            if body.proxy is not UNSET:
+                egress.proxy = None if body.proxy is None else check_proxy(body.proxy, allowance)
+            if isinstance(body.auth, s.OAuth2ClientCredentials):
+                auth = {"type": body.auth.type,
+                        "token_url": check_token_url(body.auth.token_url, allowance),
+                        "client_id": body.auth.client_id,
+                        "client_secret": check_client_secret(body.auth.client_secret)}
+                if body.auth.scope is not None:
+                    auth["scope"] = body.auth.scope
+                egress.auth = auth
+            elif body.auth is None:
+                egress.auth = None
+        except EgressError as exc:
+            raise errors.invalid(str(exc)) from None
+        return egress
+
     async def create_destination(self, request: Request) -> Response:
         body: s.DestinationCreate = await request.decode(s.DestinationCreate)
         url = self._check_url(body.url)
@@ -103,10 +139,11 @@ class DestinationApi:
             body.timeout_ms if body.timeout_ms is not None else self.settings.default_timeout_ms
         )
         options = self._check_options(body)
+        egress = self._check_egress(body)
         async with self._connection() as conn:
             destination = await store.create_destination(
                 conn, request.tenant, url, secret, body.event_types, body.max_in_flight,
-                body.ordered, timeout_ms, options,
+                body.ordered, timeout_ms, options, egress,
             )
         return json_response(201, destination)
 
@@ -126,6 +163,7 @@ class DestinationApi:
         timeout_ms = None if body.timeout_ms is UNSET else self._check_timeout(body.timeout_ms)
         new_secret = generate_secret() if body.rotate_secret is True else None
         options = self._check_options(body)
+        egress = self._check_egress(body)
         async with self._connection() as conn:
             destination = await store.patch_destination(
                 conn, request.tenant, request.path_id, url=url,
@@ -138,7 +176,7 @@ class DestinationApi:
                 paused=None if body.paused is UNSET else body.paused,
                 disabled=None if body.disabled is UNSET else body.disabled,
                 new_secret=new_secret, previous_secret_ms=PREVIOUS_SECRET_MS,
-                options=options,
+                options=options, egress=egress,
             )
         if destination is None:
             raise errors.not_found("destination")

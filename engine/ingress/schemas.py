@@ -100,6 +100,52 @@ class _Request(msgspec.Struct, forbid_unknown_fields=True):
     pass
 
 
+# Egress (engine/webhooks/egress.py checks what a schema cannot say: that a PEM parses, a
+# key matches its certificate, a proxy's or token_url's address is allowed).
+ClientPem = Annotated[str, Meta(min_length=1, max_length=16 * 1024, pattern=_NO_NUL)]
+CaBundlePem = Annotated[str, Meta(min_length=1, max_length=256 * 1024, pattern=_NO_NUL)]
+ProxyUrl = Annotated[str, Meta(min_length=1, max_length=2048, pattern=_NO_NUL,
+                               description="http:// or https:// forward proxy")]
+ClientId = Annotated[str, Meta(min_length=1, max_length=1024, pattern=_NO_NUL)]
+ClientSecret = Annotated[str, Meta(min_length=1, max_length=4096, pattern=_NO_NUL)]
+OAuthScope = Annotated[str, Meta(min_length=1, max_length=1024, pattern=_NO_NUL)]
+
+
+class TlsSettings(_Request):
+    """PEM text. The key is never returned; reads show the certificates' fingerprints."""
+
+    client_cert: ClientPem | None = None
+    client_key: ClientPem | None = None
+    ca_bundle: CaBundlePem | None = None
+
+
+class OAuth2ClientCredentials(_Request):
+    type: Literal["oauth2_client_credentials"]
+    token_url: Url
+    client_id: ClientId
+    client_secret: ClientSecret
+    scope: OAuthScope | None = None
+
+
+class TlsInfo(msgspec.Struct):
+    """What a read shows of a destination's TLS settings: SHA-256 fingerprints (of the
+    certificates' DER), never the key."""
+
+    client_cert_sha256: str | None
+    client_key_set: bool
+    ca_bundle_sha256: list[str] | None
+
+
+class AuthInfo(msgspec.Struct):
+    """A destination's OAuth2 settings as read: without the client secret."""
+
+    type: str
+    token_url: str
+    client_id: str
+    scope: str | None
+    client_secret_set: bool
+
+
 class DestinationCreate(_Request):
     url: Url
     secret: Secret | None = None
@@ -112,6 +158,9 @@ class DestinationCreate(_Request):
     retry_schedule: RetrySchedule | None = None
     filter: Filter | None = None
     channels: Channels | None = None
+    tls: TlsSettings | None = None
+    proxy: ProxyUrl | None = None
+    auth: OAuth2ClientCredentials | None = None
 
 
 class DestinationPatch(_Request):
@@ -125,6 +174,11 @@ class DestinationPatch(_Request):
     retry_schedule: RetrySchedule | UnsetType | None = UNSET
     filter: Filter | UnsetType | None = UNSET
     channels: Channels | UnsetType | None = UNSET
+    # Each replaces the whole setting (a key with its certificate, a secret with its
+    # client id); null removes it.
+    tls: TlsSettings | UnsetType | None = UNSET
+    proxy: ProxyUrl | UnsetType | None = UNSET
+    auth: OAuth2ClientCredentials | UnsetType | None = UNSET
     paused: bool | UnsetType = UNSET
     disabled: bool | UnsetType = UNSET
     rotate_secret: bool | UnsetType = UNSET
@@ -156,6 +210,9 @@ class Destination(msgspec.Struct):
     # Present only in the answer to a creation or a rotation.
     secret: str | UnsetType = UNSET
     previous_secret_until: Timestamp | None = None
+    tls: TlsInfo | None = None
+    proxy: str | None = None
+    auth: AuthInfo | None = None
 
 
 class DestinationList(msgspec.Struct):

@@ -22,8 +22,17 @@ from engine.db.sql_params import (
     TenantParams,
 )
 from engine.ingress.http import TenantScope
-from engine.ingress.schemas import Attempt, Delivery, DeliveryDetail, Destination, Event
+from engine.ingress.schemas import (
+    Attempt,
+    AuthInfo,
+    Delivery,
+    DeliveryDetail,
+    Destination,
+    Event,
+    TlsInfo,
+)
 from engine.webhooks.destination_options import format_duration
+from engine.webhooks.egress import fingerprints
 
 _json = msgspec.json.Encoder()
 
@@ -53,6 +62,21 @@ class DeliveryOptions(msgspec.Struct):
         return _json.encode(self.headers).decode()
 
 
+class EgressSettings(msgspec.Struct):
+    """A destination's egress settings, validated (engine/webhooks/egress.py). On a PATCH,
+    a field left UNSET keeps its columns; `tls` is (client_cert, client_key, ca_bundle)."""
+
+    tls: tuple[str | None, str | None, str | None] | msgspec.UnsetType | None = msgspec.UNSET
+    proxy: str | msgspec.UnsetType | None = msgspec.UNSET
+    auth: dict[str, str] | msgspec.UnsetType | None = msgspec.UNSET
+
+    def tls_columns(self) -> tuple[str | None, str | None, str | None]:
+        return (None, None, None) if not isinstance(self.tls, tuple) else self.tls
+
+    def auth_json(self) -> str | None:
+        return None if not isinstance(self.auth, dict) else _json.encode(self.auth).decode()
+
+
 def _value(value: object) -> object:
     return None if value is msgspec.UNSET else value
 
@@ -62,13 +86,29 @@ Built = TypeVar("Built")  # what _row_with_its_rows builds
 HOT_STATUSES = ("pending", "in_flight")
 
 
+def _tls_info(client_cert: str | None, key_set: bool, ca_bundle: str | None) -> TlsInfo | None:
+    if client_cert is None and ca_bundle is None:
+        return None
+    return TlsInfo(client_cert_sha256=fingerprints(client_cert)[0] if client_cert else None,
+                   client_key_set=key_set,
+                   ca_bundle_sha256=fingerprints(ca_bundle) if ca_bundle else None)
+
+
 def _destination(row: tuple, tenant: TenantScope, with_secret: bool = False) -> Destination:
-    *columns, schedule, failing_since, secret, previous_until, filter_, channels = row
+    (*columns, schedule, failing_since, secret, previous_until, filter_, channels,
+     client_cert, key_set, ca_bundle, proxy, auth) = row
     delays = None if schedule is None else [format_duration(d) for d in schedule]
     destination = Destination(*columns, delays, failing_since, tenant.uid, filter_, channels)
     if with_secret:
         destination.secret = secret
         destination.previous_secret_until = previous_until
+    # The client key and the client secret are never read back (api_destination_*.sql
+    # select only whether they are set).
+    destination.tls = _tls_info(client_cert, key_set, ca_bundle)
+    destination.proxy = proxy
+    if auth is not None:
+        destination.auth = AuthInfo(auth["type"], auth["token_url"], auth["client_id"],
+                                    auth.get("scope"), client_secret_set=True)
     return destination
 
 
@@ -85,16 +125,19 @@ async def _fetchall(conn: AsyncConnection, statement: Statement, params: tuple |
 async def create_destination(
     conn: AsyncConnection, tenant: TenantScope, url: str, secret: str,
     event_types: list[str] | None, max_in_flight: int | None, ordered: bool, timeout_ms: int,
-    options: DeliveryOptions | None = None,
+    options: DeliveryOptions | None = None, egress: EgressSettings | None = None,
 ) -> Destination:
     options = options or DeliveryOptions()
     filter_json, filter_path = options.filter_columns()
+    egress = egress or EgressSettings()
+    client_cert, client_key, ca_bundle = egress.tls_columns()
     params = ApiDestinationCreateParams(
         url=url, secret=secret, event_types=event_types, max_in_flight=max_in_flight,
         ordered=ordered, timeout_ms=timeout_ms, rate_limit=_value(options.rate_limit),
         headers=options.headers_json(), retry_schedule=_value(options.retry_schedule),
         tenant_id=tenant.id, filter=filter_json, filter_path=filter_path,
-        channels=_value(options.channels),
+        channels=_value(options.channels), tls_client_cert=client_cert, tls_client_key=client_key,
+        tls_ca_bundle=ca_bundle, proxy=_value(egress.proxy), auth=egress.auth_json(),
     )
     row = await _fetchone(conn, queries.API_DESTINATION_CREATE, params)
     assert row is not None
@@ -120,10 +163,12 @@ async def patch_destination(
     set_max_in_flight: bool, max_in_flight: int | None,
     ordered: bool | None, timeout_ms: int | None, paused: bool | None,
     disabled: bool | None, new_secret: str | None, previous_secret_ms: int,
-    options: DeliveryOptions | None = None,
+    options: DeliveryOptions | None = None, egress: EgressSettings | None = None,
 ) -> Destination | None:
     options = options or DeliveryOptions()
     filter_json, filter_path = options.filter_columns()
+    egress = egress or EgressSettings()
+    client_cert, client_key, ca_bundle = egress.tls_columns()
     params = ApiDestinationPatchParams(
         destination_id=destination_id, url=url, set_event_types=set_event_types,
         event_types=event_types, set_max_in_flight=set_max_in_flight,
@@ -139,6 +184,10 @@ async def patch_destination(
         set_filter=options.filter is not msgspec.UNSET, filter=filter_json,
         filter_path=filter_path,
         set_channels=options.channels is not msgspec.UNSET, channels=_value(options.channels),
+        set_tls=egress.tls is not msgspec.UNSET, tls_client_cert=client_cert,
+        tls_client_key=client_key, tls_ca_bundle=ca_bundle,
+        set_proxy=egress.proxy is not msgspec.UNSET, proxy=_value(egress.proxy),
+        set_auth=egress.auth is not msgspec.UNSET, auth=egress.auth_json(),
     )
     row = await _fetchone(conn, queries.API_DESTINATION_PATCH, params)
     return _destination(row, tenant, with_secret=new_secret is not None) if row else None

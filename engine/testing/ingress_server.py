@@ -36,11 +36,12 @@ class IngressProcess:
 
     def __init__(
         self, dsn: str, *, token: str | None = None, env: dict[str, str] | None = None,
-        args: list[str] | None = None,
+        args: list[str] | None = None, allow_private_targets: bool = True,
     ) -> None:
         self.argv = [
             sys.executable, "-m", "engine.ingress.server", "--dsn", dsn,
-            "--bind", "127.0.0.1:0", "--allow-private-targets", *(args or []),
+            "--bind", "127.0.0.1:0",
+            *(["--allow-private-targets"] if allow_private_targets else []), *(args or []),
         ]
         self.env = {**os.environ, **(env or {})}
         self.env.pop("ENGINE_API_TOKEN", None)

@@ -34,6 +34,7 @@ from engine.worker import outcome
 from engine.worker.claim_policy import ClaimPolicy, claim_outlived_lease
 from engine.worker.connection import RECONNECT_DELAY_S, DatabaseGone, DrainDeadline, connect
 from engine.worker.dispatcher import SlotDispatcher
+from engine.worker.egress import EgressSide
 from engine.worker.http.client import HttpResult
 from engine.worker.http.pools import CurlPools
 from engine.worker.recorder import Batch, ResultRecorder
@@ -98,7 +99,11 @@ class DeliveryWorker:
         self.http_idle = asyncio.Event()
         self.stop_requested = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
-        self.http = CurlPools(self.capacity, lookup=self.lookup)
+        settings = self.settings
+        ca_bundle = settings.ca_bundle.read_bytes() if settings.ca_bundle else None
+        self.http = CurlPools(self.capacity, lookup=self.lookup, ca_bundle=ca_bundle)
+        self.egress = EgressSide(self.dsn, self.http, settings.target_allowance, self.lookup,
+                                 settings.egress_proxy, ca_bundle)
         self.claim_conn = await self._connect()
         await self.recorder.open()
         claimer = loop.create_task(self._claim_loop())
@@ -139,6 +144,7 @@ class DeliveryWorker:
                 await asyncio.wait_for(
                     self.http_idle.wait(), timeout=max(0.0, deadline - time.monotonic()))
         unfinished = dispatcher.sending
+        await self.egress.close()  # what waits for egress settings or a token, released
         await self.http.close()  # what is still unanswered comes back as released
         self.recorder.close()
         try:
@@ -278,11 +284,16 @@ class DeliveryWorker:
                 f"signing: {exc}"))
             return False
         timeout_ms = min(claim.timeout_ms, self.settings.max_timeout_ms)
+        on_done = partial(self._on_response, claim)
+        if claim.egress_revision is not None:
+            # Mutual TLS, a proxy of its own, OAuth2 (engine/worker/egress.py).
+            self.egress.send(claim, headers, body, timeout_ms, on_done)
+            return True
         # Private targets are refused at connect time too: resolve, check and pin the
-        # address (cached per host).
+        # address (cached per host). Through --egress-proxy, if one is set.
         self.http.start_checked(
-            claim.url, headers, body, timeout_ms, self.settings.target_allowance,
-            partial(self._on_response, claim),
+            claim.url, headers, body, timeout_ms, self.settings.target_allowance, on_done,
+            self.egress.default,
         )
         return True
 

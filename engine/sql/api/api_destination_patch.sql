@@ -12,7 +12,13 @@
 --   $19 retry_schedule float8[] ($14-$19: from store.DeliveryOptions), $20 tenant id bigint,
 --   $21 set filter bool, $22 filter text (a JSON object, or NULL),
 --   $23 filter path text (its jsonpath, engine/webhooks/routing.py),
---   $24 set channels bool, $25 channels text[]
+--   $24 set channels bool, $25 channels text[],
+--   $26 set tls bool, $27 tls_client_cert text, $28 tls_client_key text,
+--   $29 tls_ca_bundle text, $30 set proxy bool, $31 proxy text, $32 set auth bool,
+--   $33 auth text (a JSON object) ($26-$33: from store.EgressSettings)
+-- A change of tls, proxy or auth takes a new egress_revision (NULL when none is left), so
+-- workers read the destination's egress settings again and no token fetched with the old
+-- credentials is used (schema/023_egress.sql).
 -- Every field is optional: a NULL value (or a false `set_*` flag for nullable columns)
 -- keeps the column. Resuming (paused or disabled set to false) also closes the breaker,
 -- so the operator's "go" is not held back by an old failure streak, and restarts the
@@ -47,10 +53,23 @@ UPDATE destinations SET
     filter = CASE WHEN $21::bool THEN $22::text::jsonb ELSE filter END,
     filter_path = CASE WHEN $21::bool THEN $23::text::jsonpath ELSE filter_path END,
     channels = CASE WHEN $24::bool THEN $25::text[] ELSE channels END,
+    tls_client_cert = CASE WHEN $26::bool THEN $27::text ELSE tls_client_cert END,
+    tls_client_key = CASE WHEN $26::bool THEN $28::text ELSE tls_client_key END,
+    tls_ca_bundle = CASE WHEN $26::bool THEN $29::text ELSE tls_ca_bundle END,
+    proxy = CASE WHEN $30::bool THEN $31::text ELSE proxy END,
+    auth = CASE WHEN $32::bool THEN $33::text::jsonb ELSE auth END,
+    egress_revision = CASE
+        WHEN NOT ($26::bool OR $30::bool OR $32::bool) THEN egress_revision
+        WHEN CASE WHEN $26::bool THEN $27::text ELSE tls_client_cert END IS NULL
+             AND CASE WHEN $26::bool THEN $29::text ELSE tls_ca_bundle END IS NULL
+             AND CASE WHEN $30::bool THEN $31::text ELSE proxy END IS NULL
+             AND CASE WHEN $32::bool THEN $33::text ELSE auth::text END IS NULL THEN NULL
+        ELSE nextval('egress_revision_seq') END,
     updated_at = now()
 WHERE id = $1::bigint AND tenant_id = $20::bigint AND deleted_at IS NULL
 RETURNING
     id, url, event_types, max_in_flight, ordered, timeout_ms, paused, disabled,
     disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
     updated_at, rate_limit, headers, retry_schedule, failing_since, secret,
-    previous_secret_until, filter, channels
+    previous_secret_until, filter, channels, tls_client_cert, tls_client_key IS NOT NULL,
+    tls_ca_bundle, proxy, auth - 'client_secret'

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import pycurl
 
 from engine.observe.oplog import log_event
+from engine.webhooks.egress import EgressOptions
 from engine.webhooks.targets import (
     Allowance,
     Lookup,
@@ -98,11 +99,40 @@ def _ready_pin(url: str, allow_private: Allowance, lookup: Lookup) -> tuple[bool
     return pin is not None, pin
 
 
+def _untrusted_proxy(egress: EgressOptions | None) -> str | None:
+    """A destination's own proxy, which the target policy checks as it does the
+    destination; None for no proxy or the operator's --egress-proxy."""
+    if egress is None or egress.proxy is None or egress.proxy_trusted:
+        return None
+    return egress.proxy
+
+
+def _ready_pins(url: str, egress: EgressOptions | None, allow_private: Allowance,
+                lookup: Lookup) -> tuple[bool, str | None, str | None]:
+    """(known, pin, proxy pin): `_ready_pin` for the destination and for its own proxy."""
+    known, pin = _ready_pin(url, allow_private, lookup)
+    proxy = _untrusted_proxy(egress)
+    if proxy is None:
+        return known, pin, None
+    proxy_known, proxy_pin = _ready_pin(proxy, allow_private, lookup)
+    return known and proxy_known, pin, proxy_pin
+
+
+def _address(pin: str) -> str:
+    return f"[{pin}]" if ":" in pin else pin
+
+
 def _resolve_entry(url: str, pin: str) -> list[str]:
     """The CURLOPT_RESOLVE list that makes curl connect to `pin` for this URL's host."""
     host, port = host_port(url)
-    address = f"[{pin}]" if ":" in pin else pin
-    return [f"{host}:{port}:{address}"]
+    return [f"{host}:{port}:{_address(pin)}"]
+
+
+def _connect_to_entry(url: str, pin: str) -> list[str]:
+    """The CURLOPT_CONNECT_TO list that makes a tunnel's CONNECT name `pin` for this URL's
+    host: the proxy is asked for the checked address, never for the name."""
+    host, port = host_port(url)
+    return [f"{host}:{port}:{_address(pin)}:{port}"]
 
 
 class CurlPool:
@@ -120,8 +150,10 @@ class CurlPool:
         max_body: int = DEFAULT_MAX_BODY,
         max_drain: int = DEFAULT_MAX_DRAIN,
         lookup: Lookup = system_lookup,
+        ca_bundle: bytes | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self._ca_bundle = ca_bundle  # --ca-bundle's certificates, trusted for all
         self._lookup = lookup
         self._max_body = max_body
         self._max_drain = max_drain
@@ -173,9 +205,10 @@ class CurlPool:
         timeout_ms: int,
         on_done: OnDone,
         pin: str | None = None,
+        egress: EgressOptions | None = None,
     ) -> None:
         """Begin a POST; `on_done` gets its result from the event loop (see OnDone)."""
-        self._begin(url, headers, body, timeout_ms, pin, on_done)
+        self._begin(url, headers, body, timeout_ms, pin, on_done, egress)
 
     async def post(
         self,
@@ -184,8 +217,12 @@ class CurlPool:
         body: bytes,
         timeout_ms: int,
         pin: str | None = None,
+        egress: EgressOptions | None = None,
+        proxy_pin: str | None = None,
     ) -> HttpResult:
-        """POST `body` to `url`; with `pin`, connect to that address whatever DNS says."""
+        """POST `body` to `url`; with `pin`, connect to that address whatever DNS says
+        (through `egress`'s proxy: have the proxy connect to it); with `proxy_pin`, to
+        that address of the proxy."""
         future: asyncio.Future[HttpResult] = self._loop.create_future()
 
         def settle(result: HttpResult | None) -> None:
@@ -196,7 +233,7 @@ class CurlPool:
             else:
                 future.set_result(result)
 
-        transfer = self._begin(url, headers, body, timeout_ms, pin, settle)
+        transfer = self._begin(url, headers, body, timeout_ms, pin, settle, egress, proxy_pin)
         try:
             return await future
         except asyncio.CancelledError:
@@ -206,25 +243,34 @@ class CurlPool:
 
     def _begin(
         self, url: str, headers: list[str], body: bytes, timeout_ms: int, pin: str | None,
-        on_done: OnDone,
+        on_done: OnDone, egress: EgressOptions | None = None, proxy_pin: str | None = None,
     ) -> Transfer:
         if self._closed:
             raise RuntimeError("CurlPool is closed")
-        transfer = self._free.pop() if self._free else Transfer(self._max_body, self._max_drain)
+        transfer = (self._free.pop() if self._free
+                    else Transfer(self._max_body, self._max_drain, self._ca_bundle))
         curl = transfer.curl
+        if transfer.egress is not egress:
+            transfer.use_egress(egress)
         curl.setopt(pycurl.HTTPHEADER, headers)
         curl.setopt(pycurl.POSTFIELDSIZE, len(body))
         curl.setopt(pycurl.POSTFIELDS, body)
         # A handle keeps its options: what the previous request on it already set (the
         # same destination, most of the time) is not set again.
-        if (url, timeout_ms, pin) != transfer.target:
-            transfer.target = (url, timeout_ms, pin)
+        if (url, timeout_ms, pin, proxy_pin) != transfer.target:
+            transfer.target = (url, timeout_ms, pin, proxy_pin)
             curl.setopt(pycurl.URL, url)
             curl.setopt(pycurl.TIMEOUT_MS, timeout_ms)
             curl.setopt(pycurl.CONNECTTIMEOUT_MS, min(timeout_ms, MAX_CONNECT_TIMEOUT_MS))
-            # Entries land in the multi's shared DNS cache; a later unpinned request to the
-            # same host:port may use them too, which only ever points at a checked address.
-            curl.setopt(pycurl.RESOLVE, [] if pin is None else _resolve_entry(url, pin))
+            if egress is not None and egress.proxy is not None:
+                curl.setopt(pycurl.CONNECT_TO, [] if pin is None else _connect_to_entry(url, pin))
+                curl.setopt(pycurl.RESOLVE, [] if proxy_pin is None
+                            else _resolve_entry(egress.proxy, proxy_pin))
+            else:
+                # Entries land in the multi's shared DNS cache; a later unpinned request to
+                # the same host:port may use them too, which only ever points at a checked
+                # address.
+                curl.setopt(pycurl.RESOLVE, [] if pin is None else _resolve_entry(url, pin))
         transfer.start(on_done)
         refused = self._add(curl, transfer)
         if refused is not None:
@@ -250,43 +296,53 @@ class CurlPool:
 
     async def post_checked(
         self, url: str, headers: list[str], body: bytes, timeout_ms: int,
-        allow_private: Allowance,
+        allow_private: Allowance, egress: EgressOptions | None = None,
     ) -> HttpResult:
         """`post` after the connect-time target check; a refused or unresolvable
-        target becomes a failed result (`refused_target` / `dns`), not an exception."""
+        target becomes a failed result (`refused_target` / `dns`), not an exception.
+        Through a proxy too: the destination is checked here, before the proxy is asked
+        for anything, and a destination's own proxy is checked as well (`proxy` when
+        that fails)."""
         if allow_private is True:
-            return await self.post(url, headers, body, timeout_ms)
+            return await self.post(url, headers, body, timeout_ms, egress=egress)
         started_at = time.time()
         try:
-            known, pin = _ready_pin(url, allow_private, self._lookup)
+            known, pin, proxy_pin = _ready_pins(url, egress, allow_private, self._lookup)
             if not known:
                 pin = await resolve_and_check_async(*host_port(url), allow_private,
                                                     self._lookup)
         except (TargetRefused, TargetUnresolvable) as exc:
             return failed_result(_target_error(exc), started_at)
-        return await self.post(url, headers, body, timeout_ms, pin)
+        proxy = _untrusted_proxy(egress)
+        if not known and proxy is not None:
+            try:
+                proxy_pin = await resolve_and_check_async(*host_port(proxy), allow_private,
+                                                          self._lookup)
+            except (TargetRefused, TargetUnresolvable):
+                return failed_result("proxy", started_at)
+        return await self.post(url, headers, body, timeout_ms, pin, egress, proxy_pin)
 
     def start_checked(
         self, url: str, headers: list[str], body: bytes, timeout_ms: int,
-        allow_private: Allowance, on_done: OnDone,
+        allow_private: Allowance, on_done: OnDone, egress: EgressOptions | None = None,
     ) -> None:
         """`start` after the connect-time target check. A host whose checked address is
         cached (the usual case) starts at once; only the first request to a host in a
         while waits for its lookup, as a task. A refused target reaches `on_done` as a
         failed result, from the loop like every other result."""
         if allow_private is True:
-            self._begin(url, headers, body, timeout_ms, None, on_done)
+            self._begin(url, headers, body, timeout_ms, None, on_done, egress)
             return
         try:
-            known, pin = _ready_pin(url, allow_private, self._lookup)
+            known, pin, proxy_pin = _ready_pins(url, egress, allow_private, self._lookup)
         except (TargetRefused, TargetUnresolvable) as exc:
             self._loop.call_soon(on_done, failed_result(_target_error(exc), time.time()))
             return
         if known:
-            self._begin(url, headers, body, timeout_ms, pin, on_done)
+            self._begin(url, headers, body, timeout_ms, pin, on_done, egress, proxy_pin)
             return
         task = self._loop.create_task(
-            self.post_checked(url, headers, body, timeout_ms, allow_private))
+            self.post_checked(url, headers, body, timeout_ms, allow_private, egress))
         self._checking.add(task)
         task.add_done_callback(partial(self._checked, on_done))
 

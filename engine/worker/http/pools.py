@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from functools import partial
 
+from engine.webhooks.egress import EgressOptions
 from engine.webhooks.targets import Allowance, Lookup, system_lookup
 from engine.worker.http.client import CurlPool, HttpResult, host_port
 from engine.worker.http.transfer import OnDone
@@ -32,11 +33,13 @@ class CurlPools:
     """`start_checked` and `close` of a CurlPool, over max(1, capacity // SPREAD) of them."""
 
     def __init__(
-        self, capacity: int, spread: int = SPREAD, lookup: Lookup = system_lookup
+        self, capacity: int, spread: int = SPREAD, lookup: Lookup = system_lookup,
+        ca_bundle: bytes | None = None,
     ) -> None:
         count = max(1, capacity // spread)
         self.spread = spread
-        self.pools = [CurlPool(max_connects=-(-capacity // count), lookup=lookup)
+        self.pools = [CurlPool(max_connects=-(-capacity // count), lookup=lookup,
+                               ca_bundle=ca_bundle)
                       for _ in range(count)]
         # host:port -> requests in flight to it in each pool
         self._in_flight: dict[tuple[str, int], list[int]] = {}
@@ -47,7 +50,7 @@ class CurlPools:
 
     def start_checked(
         self, url: str, headers: list[str], body: bytes, timeout_ms: int,
-        allow_private: Allowance, on_done: OnDone,
+        allow_private: Allowance, on_done: OnDone, egress: EgressOptions | None = None,
     ) -> None:
         """CurlPool.start_checked on the pool this request's host is due to use."""
         host = host_port(url)
@@ -57,7 +60,8 @@ class CurlPools:
         index = self._pick(host, counts)
         counts[index] += 1
         self.pools[index].start_checked(url, headers, body, timeout_ms, allow_private,
-                                        partial(self._done, host, counts, index, on_done))
+                                        partial(self._done, host, counts, index, on_done),
+                                        egress)
 
     def _pick(self, host: tuple[str, int], counts: list[int]) -> int:
         """The host's own pool, or the first after it with fewer than `spread` of its

@@ -11,6 +11,8 @@ from collections.abc import Callable
 import msgspec
 import pycurl
 
+from engine.webhooks.egress import EgressOptions
+
 TLS_ERRORS = frozenset(
     code
     for name in (
@@ -79,6 +81,14 @@ def failed_result(error: str, started_at: float) -> HttpResult:
     )
 
 
+# Through a proxy, the engine connects to the proxy only: a connect that fails, a name of
+# the proxy's that does not resolve, a refused or failed CONNECT is the proxy's failure,
+# recorded as `proxy` (docs/decisions/0034-egress.md). CURLE_PROXY (97) is newer than
+# pycurl's constants.
+PROXY_ERRORS = frozenset({pycurl.E_COULDNT_RESOLVE_PROXY, pycurl.E_COULDNT_CONNECT,
+                          getattr(pycurl, "E_PROXY", 97)})
+
+
 def classify_error(code: int, message: str, os_errno: int) -> str:
     """Short, stable error text for attempt history and metrics."""
     if code == pycurl.E_COULDNT_CONNECT:
@@ -93,8 +103,10 @@ class Transfer:
 
     __slots__ = (
         "body",
+        "ca_bundle",
         "curl",
         "drain_aborted",
+        "egress",
         "max_body",
         "max_drain",
         "on_done",
@@ -104,7 +116,7 @@ class Transfer:
         "target",
     )
 
-    def __init__(self, max_body: int, max_drain: int) -> None:
+    def __init__(self, max_body: int, max_drain: int, ca_bundle: bytes | None = None) -> None:
         self.max_body = max_body
         self.max_drain = max_drain
         self.body = bytearray()
@@ -113,9 +125,17 @@ class Transfer:
         self.on_done: OnDone | None = None
         self.started_at = 0.0
         self.started_mono = 0.0
-        self.target: tuple[str, int, str | None] | None = None  # (url, timeout_ms, pin) set
-        curl = pycurl.Curl()
-        # Options that never change are set once; per-request ones in CurlPool.post.
+        # (url, timeout_ms, pin, proxy pin) set
+        self.target: tuple[str, int, str | None, str | None] | None = None
+        self.egress: EgressOptions | None = None  # the egress options set, by identity
+        self.ca_bundle = ca_bundle  # --ca-bundle: trusted for every destination
+        self.curl = pycurl.Curl()
+        self._set_fixed_options()
+
+    def _set_fixed_options(self) -> None:
+        """Options that never change, set once (and again after a reset); per-request
+        ones in CurlPool._begin."""
+        curl = self.curl
         curl.setopt(pycurl.NOSIGNAL, 1)
         curl.setopt(pycurl.FOLLOWLOCATION, 0)
         curl.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
@@ -126,7 +146,46 @@ class Transfer:
         curl.setopt(pycurl.WRITEFUNCTION, self._on_body)
         # No CLOSESOCKETFUNCTION: libcurl closes its sockets itself, after telling the pool
         # to stop watching them (docs/decisions/0020-the-loop-watches-one-epoll-per-pool.md).
-        self.curl = curl
+        if self.ca_bundle is not None:
+            self._trust_only(self.ca_bundle)
+
+    def _trust_only(self, bundle: bytes) -> None:
+        """Trust these CAs and no others (as curl --cacert), for the destination and an
+        https proxy alike."""
+        curl = self.curl
+        curl.setopt(pycurl.CAINFO_BLOB, bundle)
+        curl.setopt(pycurl.PROXY_CAINFO_BLOB, bundle)
+        curl.unsetopt(pycurl.CAPATH)
+        curl.unsetopt(pycurl.PROXY_CAPATH)
+
+    def use_egress(self, egress: EgressOptions | None) -> None:
+        """Set a destination's egress options on this handle: certificates and keys as
+        blobs (libcurl copies them; nothing is written to a file), the proxy tunnelled.
+        A handle that carried other egress options is reset first, so none of them
+        leaks into another destination's requests. libcurl reuses a connection only for
+        a request with the same TLS settings, client certificate included: connections
+        with a client certificate are kept alive as any other."""
+        if self.egress is not None:
+            self.curl.reset()
+            self._set_fixed_options()
+        self.egress = egress
+        self.target = None
+        if egress is None:
+            return
+        curl = self.curl
+        if egress.client_cert is not None and egress.client_key is not None:
+            curl.setopt(pycurl.SSLCERT_BLOB, egress.client_cert)
+            curl.setopt(pycurl.SSLCERTTYPE, "PEM")
+            curl.setopt(pycurl.SSLKEY_BLOB, egress.client_key)
+            curl.setopt(pycurl.SSLKEYTYPE, "PEM")
+        if egress.ca_bundle is not None:
+            self._trust_only(egress.ca_bundle)
+        if egress.proxy is not None:
+            curl.setopt(pycurl.PROXY, egress.proxy)
+            # Every request through a proxy is a tunnel whose CONNECT names the address the
+            # target check pinned (CONNECT_TO, CurlPool._begin): the proxy never resolves
+            # a destination's name itself (docs/decisions/0034-egress.md).
+            curl.setopt(pycurl.HTTPPROXYTUNNEL, 1)
 
     def start(self, on_done: OnDone) -> None:
         self.body.clear()
@@ -151,6 +210,9 @@ class Transfer:
         status = curl.getinfo(pycurl.RESPONSE_CODE) or None
         if code == 0 or (code == pycurl.E_WRITE_ERROR and self.drain_aborted):
             error = None
+        elif self.egress is not None and self.egress.proxy is not None and (
+                code in PROXY_ERRORS or curl.getinfo(pycurl.HTTP_CONNECTCODE) not in (0, 200)):
+            error, status = "proxy", None
         else:
             error = classify_error(code, message, curl.getinfo(pycurl.OS_ERRNO))
         return HttpResult(
