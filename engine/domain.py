@@ -45,6 +45,11 @@ class Claim(msgspec.Struct, frozen=True, gc=False):
     # Its egress settings' revision (mutual TLS, a proxy, OAuth2: schema/023_egress.sql),
     # None without any: the worker reads the settings once per revision (engine/worker/egress.py).
     egress_revision: int | None = None
+    # The W3C traceparent its event was posted with (the parent of the attempt's span),
+    # and whether the destination's POSTs carry one (schema/024_tracing.sql).
+    traceparent: str | None = None
+    propagate_trace: bool = False
+    tenant_id: int | None = None  # its tenant, for the span
     claim_token: int | None = None  # names this claim; its results carry it (schema/009)
     # This claim filled its destination's max_in_flight: claimers are being turned away
     # until a slot comes back, so the worker records its results sooner
@@ -115,3 +120,5 @@ class EventIn:
     # Whether enqueue_events.sql may parse the payload as jsonb for filters: false only
     # for a payload it cannot hold (engine/webhooks/routing.py payload_is_filterable).
     filterable: bool = True
+    # The W3C traceparent it was posted with, checked (engine/observe/tracing.py).
+    traceparent: str | None = None

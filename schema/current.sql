@@ -51,6 +51,7 @@ CREATE TABLE destinations (
     proxy text,
     auth jsonb,
     egress_revision bigint,
+    propagate_trace boolean DEFAULT false NOT NULL,
     CONSTRAINT destinations_auth_type CHECK (((auth IS NULL) OR ((auth ->> 'type'::text) = 'oauth2_client_credentials'::text))),
     CONSTRAINT destinations_egress_revision CHECK (((egress_revision IS NULL) = ((tls_client_cert IS NULL) AND (tls_ca_bundle IS NULL) AND (proxy IS NULL) AND (auth IS NULL)))),
     CONSTRAINT destinations_filter_compiled_check CHECK (((filter IS NULL) = (filter_path IS NULL))),
@@ -77,6 +78,7 @@ CREATE TABLE events (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     tenant_id bigint DEFAULT 1 NOT NULL,
     channels text[],
+    traceparent text,
     CONSTRAINT events_pkey PRIMARY KEY (id)
 );
 CREATE INDEX events_created_at_idx ON events USING brin (created_at);

@@ -117,7 +117,8 @@ def create_destinations(conn: psycopg.Connection, targets: Sequence[tuple[int, s
     rows = [ApiDestinationCreateParams(
         url=url, secret=generate_secret(), event_types=None, max_in_flight=None,
         ordered=False, timeout_ms=timeout_ms, rate_limit=None, headers=None,
-        retry_schedule=None, tenant_id=tenant_id) for tenant_id, url in targets]
+        retry_schedule=None, tenant_id=tenant_id, filter=None, filter_path=None,
+        channels=None) for tenant_id, url in targets]
     with conn.transaction():
         cursor = psycopg.RawCursor(conn)
         cursor.executemany(queries.API_DESTINATION_CREATE.sql, rows, returning=True)

@@ -290,6 +290,7 @@ def enqueue_params(events: Sequence[EventIn]) -> EnqueueEventsParams:
         tenant_ids=[e.tenant_id for e in events],
         channels=[",".join(e.channels) if e.channels else None for e in events],
         filterable=[e.filterable for e in events],
+        traceparents=[e.traceparent for e in events],
     )
 
 

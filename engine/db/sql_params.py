@@ -99,6 +99,7 @@ class EnqueueEventsParams(NamedTuple):
     tenant_ids: list[int]
     channels: list[str | None]
     filterable: list[bool]
+    traceparents: list[str | None]
 
 
 class TenantParams(NamedTuple):
@@ -261,6 +262,7 @@ class ApiDestinationCreateParams(NamedTuple):
     tls_ca_bundle: str | None = None
     proxy: str | None = None
     auth: str | None = None  # a JSON object
+    propagate_trace: bool | None = None
 
 
 class ApiDestinationPatchParams(NamedTuple):
@@ -297,6 +299,7 @@ class ApiDestinationPatchParams(NamedTuple):
     proxy: str | None = None
     set_auth: bool = False
     auth: str | None = None  # a JSON object
+    propagate_trace: bool | None = None
 
 
 class ApiDeliveriesListParams(NamedTuple):

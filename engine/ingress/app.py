@@ -58,6 +58,7 @@ from engine.ingress.portal_tokens import OTHER_TENANT
 from engine.ingress.tenants_api import TenantApi
 from engine.observe import metrics as engine_metrics
 from engine.observe.operational_events import RESERVED_EVENT_PREFIX
+from engine.observe.tracing import checked_traceparent
 from engine.webhooks.routing import channel_list
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,11 @@ class PathParams(NamedTuple):
 
 
 NO_PATH_PARAMS = PathParams(None, None)
+
+
+def _header_text(request: Request, name: bytes) -> str | None:
+    value = request.header(name)
+    return None if value is None else value.decode("latin-1")
 
 
 def request_hash(event_type: str, payload: bytes, destination_ids: list[int] | None,
@@ -295,9 +301,12 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, EventTypeApi, PortalApi)
     # Events ----------------------------------------------------------------------------
 
     def _event_in(
-        self, tenant: TenantScope, event: s.EventCreate | s.BatchEventCreate,
+        self, request: Request, event: s.EventCreate | s.BatchEventCreate,
         idempotency_key: str | None,
     ) -> EventIn:
+        """The event to commit. Its `traceparent` header (one for every event of a batch)
+        is kept when well formed and dropped when not: the parent of its attempts' spans
+        (docs/decisions/0035)."""
         if event.type.startswith(RESERVED_EVENT_PREFIX):
             raise errors.invalid(
                 f"type: types starting with {RESERVED_EVENT_PREFIX!r} are reserved for the"
@@ -313,8 +322,9 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, EventTypeApi, PortalApi)
             request_hash=request_hash(
                 event.type, payload, event.destination_ids, event.ordering_key, channels
             ) if idempotency_key is not None else None,
-            tenant_id=tenant.id,
+            tenant_id=request.tenant.id,
             channels=channels,
+            traceparent=checked_traceparent(_header_text(request, b"traceparent")),
         )
 
     async def _commit(self, events: list[EventIn]) -> list[s.EventAccepted]:
@@ -329,7 +339,7 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, EventTypeApi, PortalApi)
             if not 1 <= len(key) <= 256:
                 raise errors.invalid("Idempotency-Key: must be 1 to 256 characters")
         body: s.EventCreate = await request.decode(s.EventCreate)
-        event = self._event_in(request.tenant, body, key)
+        event = self._event_in(request, body, key)
         await self.catalog.admit(body.type, bytes(body.payload), "")
         accepted = await self._commit([event])
         return json_response(202, accepted[0])
@@ -350,7 +360,7 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, EventTypeApi, PortalApi)
                 given = row[3] if row and row[3] is not None else {}
         payload = msgspec.Raw(encoder.encode(given))
         event = s.EventCreate(body.type, payload, destination_ids=[request.path_id])
-        committed = self._event_in(request.tenant, event, None)
+        committed = self._event_in(request, event, None)
         await self.catalog.admit(body.type, bytes(payload), "")
         accepted = await self._commit([committed])
         return json_response(202, accepted[0])
@@ -367,7 +377,7 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, EventTypeApi, PortalApi)
             if len(event.payload) > limit:
                 raise ApiError(413, "payload_too_large",
                                f"events[{index}].payload is over {limit} bytes")
-        events = [self._event_in(request.tenant, event, event.idempotency_key)
+        events = [self._event_in(request, event, event.idempotency_key)
                   for event in body.events]
         for index, event in enumerate(body.events):
             await self.catalog.admit(event.type, bytes(event.payload), f"events[{index}].")

@@ -91,6 +91,8 @@ class DestinationApi:
                 options.filter = compile_filter(body.filter)
             if body.channels is not UNSET:
                 options.channels = channel_list(body.channels)
+            if body.propagate_trace is not UNSET:
+                options.propagate_trace = body.propagate_trace
         except (OptionError, FilterError) as exc:
             raise errors.invalid(str(exc)) from None
         return options

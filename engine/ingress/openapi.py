@@ -78,6 +78,9 @@ _LIMIT = {"type": "integer", "minimum": 1, "maximum": s.MAX_LIST_LIMIT,
           "default": s.DEFAULT_LIST_LIMIT}
 _CURSOR = {"type": "string", "pattern": "^[0-9]{1,19}$"}
 _BODY_ERRORS = (400, 413, 422)
+# W3C Trace Context: the parent of the event's attempt spans; a malformed one is ignored.
+_TRACEPARENT = Param("traceparent", {"type": "string"},
+                     "W3C trace context: the parent of the event's delivery attempt spans")
 _DB = (503,)
 _ADMIN = (403,)
 
@@ -112,13 +115,14 @@ OPERATIONS: tuple[Operation, ...] = (
               "Accept an event: answered after it and its deliveries are committed",
               202, s.EventAccepted, s.EventCreate,
               headers=(Param("Idempotency-Key", {"type": "string", "minLength": 1,
-                                                 "maxLength": 256}),),
+                                                 "maxLength": 256}), _TRACEPARENT),
               errors=(*_BODY_ERRORS, 409, *_DB),
               access="send", tenant_scoped=True),
     Operation("create_event_batch", "POST", "/v1/events/batch",
               "Accept up to 1000 events, all or nothing in one transaction (body up to"
               " 32 times the request limit; each payload within the limit)",
               202, s.BatchAccepted, s.EventBatch, errors=(*_BODY_ERRORS, 409, *_DB),
+              headers=(_TRACEPARENT,),
               access="send", tenant_scoped=True),
     Operation("read_event", "GET", "/v1/events/{id}", "Read an event with its deliveries",
               200, s.Event, errors=(404, *_DB),

@@ -161,6 +161,8 @@ class DestinationCreate(_Request):
     tls: TlsSettings | None = None
     proxy: ProxyUrl | None = None
     auth: OAuth2ClientCredentials | None = None
+    # Its POSTs carry a `traceparent`: the attempt's span, else the event's own.
+    propagate_trace: bool = False
 
 
 class DestinationPatch(_Request):
@@ -179,6 +181,7 @@ class DestinationPatch(_Request):
     tls: TlsSettings | UnsetType | None = UNSET
     proxy: ProxyUrl | UnsetType | None = UNSET
     auth: OAuth2ClientCredentials | UnsetType | None = UNSET
+    propagate_trace: bool | UnsetType = UNSET
     paused: bool | UnsetType = UNSET
     disabled: bool | UnsetType = UNSET
     rotate_secret: bool | UnsetType = UNSET
@@ -213,6 +216,7 @@ class Destination(msgspec.Struct):
     tls: TlsInfo | None = None
     proxy: str | None = None
     auth: AuthInfo | None = None
+    propagate_trace: bool = False
 
 
 class DestinationList(msgspec.Struct):

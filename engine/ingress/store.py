@@ -48,6 +48,8 @@ class DeliveryOptions(msgspec.Struct):
     # The filter as stored and its jsonpath (routing.compile_filter); None: no filter.
     filter: tuple[str, str] | msgspec.UnsetType | None = msgspec.UNSET
     channels: list[str] | msgspec.UnsetType | None = msgspec.UNSET
+    # Its POSTs carry a `traceparent` (docs/decisions/0035).
+    propagate_trace: bool | msgspec.UnsetType = msgspec.UNSET
 
     def filter_columns(self) -> tuple[str | None, str | None]:
         """The filter as api_destination_*.sql bind it: (JSON text, jsonpath), or NULLs."""
@@ -96,7 +98,7 @@ def _tls_info(client_cert: str | None, key_set: bool, ca_bundle: str | None) -> 
 
 def _destination(row: tuple, tenant: TenantScope, with_secret: bool = False) -> Destination:
     (*columns, schedule, failing_since, secret, previous_until, filter_, channels,
-     client_cert, key_set, ca_bundle, proxy, auth) = row
+     client_cert, key_set, ca_bundle, proxy, auth, propagate_trace) = row
     delays = None if schedule is None else [format_duration(d) for d in schedule]
     destination = Destination(*columns, delays, failing_since, tenant.uid, filter_, channels)
     if with_secret:
@@ -106,6 +108,7 @@ def _destination(row: tuple, tenant: TenantScope, with_secret: bool = False) -> 
     # select only whether they are set).
     destination.tls = _tls_info(client_cert, key_set, ca_bundle)
     destination.proxy = proxy
+    destination.propagate_trace = propagate_trace
     if auth is not None:
         destination.auth = AuthInfo(auth["type"], auth["token_url"], auth["client_id"],
                                     auth.get("scope"), client_secret_set=True)
@@ -138,6 +141,7 @@ async def create_destination(
         tenant_id=tenant.id, filter=filter_json, filter_path=filter_path,
         channels=_value(options.channels), tls_client_cert=client_cert, tls_client_key=client_key,
         tls_ca_bundle=ca_bundle, proxy=_value(egress.proxy), auth=egress.auth_json(),
+        propagate_trace=_value(options.propagate_trace),
     )
     row = await _fetchone(conn, queries.API_DESTINATION_CREATE, params)
     assert row is not None
@@ -188,6 +192,7 @@ async def patch_destination(
         tls_client_key=client_key, tls_ca_bundle=ca_bundle,
         set_proxy=egress.proxy is not msgspec.UNSET, proxy=_value(egress.proxy),
         set_auth=egress.auth is not msgspec.UNSET, auth=egress.auth_json(),
+        propagate_trace=_value(options.propagate_trace),
     )
     row = await _fetchone(conn, queries.API_DESTINATION_PATCH, params)
     return _destination(row, tenant, with_secret=new_secret is not None) if row else None

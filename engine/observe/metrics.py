@@ -151,6 +151,7 @@ class Instruments:
     claim_batch_size: Histogram
     claim_seconds: Histogram
     ingested_events: Counter
+    trace_spans_dropped: Counter  # attempt spans not exported (engine/observe/tracing.py)
 
 
 @cache
@@ -174,6 +175,9 @@ def instruments() -> Instruments:
             buckets=CLAIM_LATENCY_BUCKETS,
         ),
         ingested_events=Counter("engine_ingested_events", "Events accepted by ingress"),
+        trace_spans_dropped=Counter(
+            "engine_trace_spans_dropped",
+            "Attempt spans dropped: the export queue was full or the collector failed"),
     )
 
 

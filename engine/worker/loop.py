@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import resource
 import signal
 import time
 from functools import partial
+from typing import TYPE_CHECKING
 
 import msgspec
 import psycopg
@@ -25,9 +27,10 @@ from psycopg.errors import IdleInTransactionSessionTimeout
 
 from engine.config import Settings
 from engine.db import queue_async
-from engine.domain import BreakerSettings, Claim, worker_id
+from engine.domain import BreakerSettings, Claim, Result, worker_id
 from engine.observe.metrics import count_results, instruments
 from engine.observe.oplog import Outage, log_event
+from engine.observe.tracing import AttemptTracer
 from engine.webhooks.signing import build_headers
 from engine.webhooks.targets import Lookup, system_lookup
 from engine.worker import outcome
@@ -38,6 +41,9 @@ from engine.worker.egress import EgressSide
 from engine.worker.http.client import HttpResult
 from engine.worker.http.pools import CurlPools
 from engine.worker.recorder import Batch, ResultRecorder
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import Span
 
 # A woken worker claims this much later (see _wait_for_work and
 # docs/decisions/0005-notify-gather-20ms.md).
@@ -77,6 +83,10 @@ class DeliveryWorker:
         self.stopping = False
         self.drain_deadline = DrainDeadline()
         self.metrics = instruments()
+        # One span per attempt when OTEL_EXPORTER_OTLP_ENDPOINT is set (tracing.py); the
+        # spans of requests in flight, by delivery id.
+        self.tracer: AttemptTracer | None = None
+        self.spans: dict[int, Span] = {}
         # Failed claims, records and connects of one outage: two log lines, not one each.
         self.outage = Outage("worker", worker=self.worker)
         breaker = BreakerSettings(
@@ -102,6 +112,8 @@ class DeliveryWorker:
         settings = self.settings
         ca_bundle = settings.ca_bundle.read_bytes() if settings.ca_bundle else None
         self.http = CurlPools(self.capacity, lookup=self.lookup, ca_bundle=ca_bundle)
+        self.tracer = AttemptTracer.from_environment(
+            os.environ, self.metrics.trace_spans_dropped.inc)
         self.egress = EgressSide(self.dsn, self.http, settings.target_allowance, self.lookup,
                                  settings.egress_proxy, ca_bundle)
         self.claim_conn = await self._connect()
@@ -146,6 +158,8 @@ class DeliveryWorker:
         unfinished = dispatcher.sending
         await self.egress.close()  # what waits for egress settings or a token, released
         await self.http.close()  # what is still unanswered comes back as released
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.shutdown)  # the last spans exported
         self.recorder.close()
         try:
             await writer
@@ -273,15 +287,25 @@ class DeliveryWorker:
         (a callback, no task). False for a claim that cannot be signed: a failed attempt,
         recorded here, with no HTTP."""
         body = claim.payload.encode()
+        extra = claim.headers
+        span = self.tracer.start(claim) if self.tracer is not None else None
+        if claim.propagate_trace:
+            # The attempt's own span when tracing, else the traceparent the event came with.
+            traceparent = (self.tracer.traceparent_of(span) if self.tracer and span
+                           else claim.traceparent)
+            if traceparent:
+                extra = {**(claim.headers or {}), "traceparent": traceparent}
+        if span is not None:
+            self.spans[claim.id] = span
         try:
             headers = build_headers(
-                claim.secrets, message_id(claim.event_id), int(time.time()), body,
-                claim.headers,
+                claim.secrets, message_id(claim.event_id), int(time.time()), body, extra,
             )
         except ValueError as exc:  # a malformed secret: a failed attempt, not a crash
-            self.recorder.add(outcome.failure(
-                claim, self.settings.retry_schedule, outcome.utcnow(), None, None,
-                f"signing: {exc}"))
+            failed = outcome.failure(claim, self.settings.retry_schedule, outcome.utcnow(),
+                                     None, None, f"signing: {exc}")
+            self._end_span(claim, failed)
+            self.recorder.add(failed)
             return False
         timeout_ms = min(claim.timeout_ms, self.settings.max_timeout_ms)
         on_done = partial(self._on_response, claim)
@@ -296,6 +320,11 @@ class DeliveryWorker:
             self.egress.default,
         )
         return True
+
+    def _end_span(self, claim: Claim, result: Result) -> None:
+        span = self.spans.pop(claim.id, None)
+        if span is not None and self.tracer is not None:
+            self.tracer.end(span, result)
 
     def _on_response(self, claim: Claim, response: HttpResult | None) -> None:
         dispatcher = self.dispatcher
@@ -314,6 +343,7 @@ class DeliveryWorker:
                 else:
                     self.policy.no_answer(claim.destination_id, answer_ms / 1000)
                 result = outcome.response_result(claim, response, self.settings.retry_schedule)
+            self._end_span(claim, result)
             # A slot handed on stays taken in the database: nothing waits for this write,
             # and it goes with the usual flush. A slot given back is written at once.
             handover = dispatcher.hand_over(claim, result.outcome == "delivered", answer_ms,

@@ -11,6 +11,8 @@
 --      one; NULL: none), $11 filterable bool[]: whether its payload may be parsed as
 --      jsonb (false: no filter admits it; engine/ingress/committer.py sets it false for
 --      a payload jsonb cannot hold after this statement failed to parse it)
+--   $12 traceparents text[]: each event's W3C traceparent (NULL: none; ingress drops a
+--      malformed one), the parent of its attempts' spans (docs/decisions/0035)
 -- Routing (SPEC "Routing", docs/decisions/0033): a destination is a target only if its
 -- `filter_path` (NULL: no filter) matches the payload and, when the event has channels,
 -- it is subscribed to one of them. Both hold for listed destinations too ("an event
@@ -23,11 +25,11 @@
 WITH incoming AS (
     SELECT nextval('events_id_seq'::regclass) AS id, e.type, e.payload, e.ordering_key,
            e.idempotency_key, e.request_hash, e.explicit, e.tenant_id,
-           string_to_array(e.channels, ',') AS channels, e.filterable, e.ord
+           string_to_array(e.channels, ',') AS channels, e.filterable, e.traceparent, e.ord
       FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bool[],
-                  $9::bigint[], $10::text[], $11::bool[])
+                  $9::bigint[], $10::text[], $11::bool[], $12::text[])
            WITH ORDINALITY AS e(type, payload, ordering_key, idempotency_key, request_hash,
-                                explicit, tenant_id, channels, filterable, ord)
+                                explicit, tenant_id, channels, filterable, traceparent, ord)
 ), listed AS (
     SELECT DISTINCT t.ord, t.destination_id
       FROM unnest($7::int[], $8::bigint[]) AS t(ord, destination_id)
@@ -82,10 +84,10 @@ WITH incoming AS (
     SELECT event_id, count(*) AS deliveries FROM target GROUP BY event_id
 ), inserted AS (
     INSERT INTO events (id, type, payload, ordering_key, idempotency_key, request_hash,
-                        delivery_count, tenant_id, channels)
+                        delivery_count, tenant_id, channels, traceparent)
     OVERRIDING SYSTEM VALUE
     SELECT i.id, i.type, i.payload, i.ordering_key, i.idempotency_key, i.request_hash,
-           coalesce(c.deliveries, 0), i.tenant_id, i.channels
+           coalesce(c.deliveries, 0), i.tenant_id, i.channels, i.traceparent
       FROM incoming i
       LEFT JOIN counted c ON c.event_id = i.id
      ORDER BY i.ord

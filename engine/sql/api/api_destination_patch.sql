@@ -15,7 +15,8 @@
 --   $24 set channels bool, $25 channels text[],
 --   $26 set tls bool, $27 tls_client_cert text, $28 tls_client_key text,
 --   $29 tls_ca_bundle text, $30 set proxy bool, $31 proxy text, $32 set auth bool,
---   $33 auth text (a JSON object) ($26-$33: from store.EgressSettings)
+--   $33 auth text (a JSON object) ($26-$33: from store.EgressSettings),
+--   $34 propagate_trace bool (NULL: keep)
 -- A change of tls, proxy or auth takes a new egress_revision (NULL when none is left), so
 -- workers read the destination's egress settings again and no token fetched with the old
 -- credentials is used (schema/023_egress.sql).
@@ -65,6 +66,7 @@ UPDATE destinations SET
              AND CASE WHEN $30::bool THEN $31::text ELSE proxy END IS NULL
              AND CASE WHEN $32::bool THEN $33::text ELSE auth::text END IS NULL THEN NULL
         ELSE nextval('egress_revision_seq') END,
+    propagate_trace = coalesce($34::bool, propagate_trace),
     updated_at = now()
 WHERE id = $1::bigint AND tenant_id = $20::bigint AND deleted_at IS NULL
 RETURNING
@@ -72,4 +74,4 @@ RETURNING
     disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
     updated_at, rate_limit, headers, retry_schedule, failing_since, secret,
     previous_secret_until, filter, channels, tls_client_cert, tls_client_key IS NOT NULL,
-    tls_ca_bundle, proxy, auth - 'client_secret'
+    tls_ca_bundle, proxy, auth - 'client_secret', propagate_trace

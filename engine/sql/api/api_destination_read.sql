@@ -7,5 +7,5 @@ SELECT
     disabled_reason, paused_until, breaker::text, consecutive_failures, created_at,
     updated_at, rate_limit, headers, retry_schedule, failing_since, secret,
     previous_secret_until, filter, channels, tls_client_cert, tls_client_key IS NOT NULL,
-    tls_ca_bundle, proxy, auth - 'client_secret'
+    tls_ca_bundle, proxy, auth - 'client_secret', propagate_trace
   FROM destinations WHERE id = $1::bigint AND tenant_id = $2::bigint AND deleted_at IS NULL

@@ -360,7 +360,7 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
             THEN ARRAY[dest.secret, dest.previous_secret]
             ELSE ARRAY[dest.secret] END AS secrets,
        ev.payload, dest.max_in_flight, dest.headers, dest.retry_schedule, dest.rate_limit,
-       dest.egress_revision,
+       dest.egress_revision, ev.traceparent, dest.propagate_trace, dest.tenant_id,
        c.claim_token,
        -- Full after this claim (`dest` is the row as the statement began, before
        -- slots_taken): the worker then gives these slots back within milliseconds.

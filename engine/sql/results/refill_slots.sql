@@ -90,7 +90,7 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
             THEN ARRAY[dest.secret, dest.previous_secret]
             ELSE ARRAY[dest.secret] END AS secrets,
        ev.payload, dest.max_in_flight, dest.headers, dest.retry_schedule, dest.rate_limit,
-       dest.egress_revision,
+       dest.egress_revision, ev.traceparent, dest.propagate_trace, dest.tenant_id,
        c.claim_token,
        c.holds_slot AND dest.in_flight + t.n >= dest.max_in_flight AS fills_cap,
        c.holds_slot
