@@ -7,6 +7,8 @@ collector slows and fails nothing, and its spans are counted as dropped in /metr
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.observe.tracing import checked_traceparent, exported_spans
+from engine.observe.tracing import checked_traceparent, spans_of
 from engine.testing.ingress_server import IngressProcess
 from tests.kit.data import add_destination
 from tests.kit.enginerun import Engine, wait_until
@@ -84,16 +86,33 @@ def _healthy(api: IngressProcess) -> bool:
         return False
 
 
-def hex_of(raw: bytes) -> str:
-    return raw.hex()
-
-
-def attributes(span: Any) -> dict[str, Any]:
-    found = {}
-    for item in span.attributes:
-        value = item.value
-        found[item.key] = getattr(value, value.WhichOneof("value"))
+def attributes(span: dict[str, Any]) -> dict[str, Any]:
+    """A span's attributes as Python values (OTLP/JSON sends 64-bit integers as text)."""
+    found: dict[str, Any] = {}
+    for item in span["attributes"]:
+        [(kind, value)] = item["value"].items()
+        found[item["key"]] = int(value) if kind == "intValue" else value
     return found
+
+
+def as_otlp_messages(bodies: list[bytes]) -> list[Any]:
+    """Each body read by OTLP's own message definitions (opentelemetry-proto): OTLP/JSON
+    is protobuf's JSON mapping but for the ids, which are hex instead of base64."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    messages = []
+    for body in bodies:
+        document = json.loads(body)
+        for resource in document["resourceSpans"]:
+            for scope in resource["scopeSpans"]:
+                for span in scope["spans"]:
+                    for key in ("traceId", "spanId", "parentSpanId"):
+                        if key in span:
+                            span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+        messages.append(json_format.ParseDict(
+            document, trace_service_pb2.ExportTraceServiceRequest()))
+    return messages
 
 
 def test_an_attempt_span_is_the_child_of_the_events_traceparent(
@@ -120,7 +139,7 @@ def test_an_attempt_span_is_the_child_of_the_events_traceparent(
             stored = dict(conn.execute("SELECT id, traceparent FROM events").fetchall())
             assert stored == {traced.json()["id"]: TRACEPARENT, plain.json()["id"]: None}
             spans = wait_until(lambda: (lambda got: got if len(got) >= 3 else None)(
-                exported_spans(collector.exports)), WAIT_S, "three attempt spans")
+                spans_of(collector.exports)), WAIT_S, "three attempt spans")
             engine.assert_no_callback_raised()
     by_event = {}
     for span in spans:
@@ -129,19 +148,27 @@ def test_an_attempt_span_is_the_child_of_the_events_traceparent(
     child_spans = by_event[traced.json()["id"]]
     assert len(child_spans) == 2
     for span, found in child_spans:
-        assert hex_of(span.trace_id) == TRACE_ID
-        assert hex_of(span.parent_span_id) == PARENT_ID
+        assert (span["traceId"], span["parentSpanId"]) == (TRACE_ID, PARENT_ID)
         assert found["engine.tenant_id"] == 1 and found["engine.attempt"] == 1
     outcomes = {found["engine.destination_id"]: found for _, found in child_spans}
     assert outcomes[propagating]["http.response.status_code"] == 200
     assert outcomes[failing]["http.response.status_code"] == 500
     assert outcomes[failing]["engine.outcome"] == "retry"
     [(root, _)] = by_event[plain.json()["id"]]
-    assert root.parent_span_id == b"" and hex_of(root.trace_id) != TRACE_ID
+    assert "parentSpanId" not in root and root["traceId"] != TRACE_ID
+    failed = next(span for span, found in child_spans
+                  if found["engine.destination_id"] == failing)
+    assert failed["status"]["code"] == 2  # ERROR
+    # What arrived is OTLP by its own definitions: every span read back whole.
+    messages = as_otlp_messages(collector.exports)
+    read = [span for message in messages for resource in message.resource_spans
+            for scope in resource.scope_spans for span in scope.spans]
+    assert len(read) == len(spans)
+    assert {span.parent_span_id.hex() for span in read} == {PARENT_ID, ""}
     # The propagating destination got the attempt's own span as its parent.
     sent = {headers["traceparent"].rsplit("-", 1)[0] for path, headers in collector.requests
             if path == "/ok/propagating"}
-    expected = {f"00-{hex_of(span.trace_id)}-{hex_of(span.span_id)}"
+    expected = {f"00-{span['traceId']}-{span['spanId']}"
                 for span, found in [*child_spans, *[(root, attributes(root))]]
                 if found["engine.destination_id"] == propagating}
     assert sent == expected

@@ -103,6 +103,9 @@ SCENARIOS: dict[str, Scenario] = {
     "filter-fanout": OwnOptions(
         "CPU per event of a 1 KB event to 1,000 destinations with 5-condition filters vs none",
         "filter_fanout"),
+    "tracing-cost": OwnOptions(
+        "drain-fast's CPU per delivery with OpenTelemetry spans exported against none",
+        "tracing_cost"),
     "gate": OwnOptions("CI's gate: a small drain's CPU per delivery against bench/baseline.json",
                        "gate"),
 }

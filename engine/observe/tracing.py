@@ -1,30 +1,32 @@
-"""OpenTelemetry: one span per delivery attempt (SPEC, "Deployment and tracing";
-docs/decisions/0035-tracing.md).
+"""OpenTelemetry: one span per delivery attempt, exported over OTLP/HTTP (SPEC,
+"Deployment and tracing"; docs/decisions/0035-tracing.md).
 
 With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set, a worker
 makes `AttemptTracer.from_environment()`: each attempt's span starts when its request
 does, is a child of the `traceparent` its event was posted with, carries the destination,
-tenant, attempt, status code, error and duration, and ends with the answer. Spans go to a
-bounded queue that a thread exports in batches with the official OTLP/HTTP exporter: the
-event loop only appends. A full queue or a failed export drops spans and counts them
-(`engine_trace_spans_dropped_total`): an unreachable collector never slows a delivery.
-Without the variable nothing is imported and nothing is made.
+tenant, attempt, status code, error and duration, and ends with the answer. A span is a
+tuple here, formatted as OTLP's JSON and posted in batches by one thread
+(engine/observe/span_export.py): the official SDK's span objects and protobuf exporter
+cost 2.6 times the engine's CPU per delivery (decision 0035). A full queue or a
+failed export drops spans and counts them (`engine_trace_spans_dropped_total`): an
+unreachable collector never slows a delivery. Without the variable nothing is made.
 """
 
 from __future__ import annotations
 
+import random
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import msgspec
 
 from engine.domain import Claim, Result
 
-if TYPE_CHECKING:  # the SDK loads only when tracing is on
-    from opentelemetry.sdk.trace import Span, SpanProcessor
-
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 SPAN_NAME = "webhook attempt"
+SAMPLED = "01"
 # W3C Trace Context: version, trace id, parent id, flags, lowercase hex. Version ff is
 # invalid, as are all-zero ids; a later version may append fields after the fourth.
 _TRACEPARENT = re.compile(
@@ -51,84 +53,76 @@ def tracing_configured(environ: Mapping[str, str]) -> bool:
     return any(environ.get(name) for name in ENDPOINT_VARIABLES)
 
 
+class Span(NamedTuple):
+    """An attempt's span while its request runs: its trace (hex, the event's) or None
+    for a root of its own, whose trace id is `root_trace`; its id; its parent (hex);
+    when it began (unix ns)."""
+
+    trace_id: str | None
+    root_trace: int
+    span_id: int
+    parent_id: str | None
+    start_ns: int
+
+
+# An ended span as the export thread formats it (span_export.py): the span, when it
+# ended, then the claim's and the result's values.
+Ended = tuple[Span, int, int, int, int, int, str, int | None, str, int | None, int | None,
+              str | None]
+
+
 class AttemptTracer:
-    """Starts and ends the spans of one worker's attempts."""
+    """Starts and ends the spans of one worker's attempts. The event loop's part is
+    minimal (two ids, two clock reads, one tuple); `export` takes the ended tuple and the
+    export thread formats it (span_export.SpanQueue.add). `rng` makes the ids (a seeded
+    one in tests)."""
 
-    def __init__(self, processor: SpanProcessor, service: str) -> None:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.trace.propagation.tracecontext import (
-            TraceContextTextMapPropagator,
-        )
-
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service}))
-        self.provider.add_span_processor(processor)
-        self.tracer = self.provider.get_tracer("engine")
-        self.propagator = TraceContextTextMapPropagator()
+    def __init__(self, export: Callable[[Ended], None],
+                 rng: random.Random | None = None,
+                 clock_ns: Callable[[], int] = time.time_ns,
+                 close: Callable[[], None] | None = None) -> None:
+        self.export = export
+        self.getrandbits = (rng or random.Random()).getrandbits
+        self.clock_ns = clock_ns
+        self.close = close or (lambda: None)  # the last spans exported (the drain)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], on_drop: Callable[[int], None],
                          service: str = "engine") -> AttemptTracer | None:
-        """A tracer exporting to the OTLP/HTTP endpoint the environment names (the
-        exporter reads OTEL_EXPORTER_OTLP_* itself), or None when none is named."""
+        """A tracer exporting to the OTLP/HTTP endpoint the environment names, or None
+        when none is named."""
         if not tracing_configured(environ):
             return None
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from engine.observe.span_export import SpanQueue
 
-        from engine.observe.span_export import QueuedExport
-
-        return cls(QueuedExport(OTLPSpanExporter(), on_drop),
-                   environ.get("OTEL_SERVICE_NAME", service))
+        queue = SpanQueue.from_environment(environ, on_drop,
+                                           environ.get("OTEL_SERVICE_NAME", service))
+        return cls(queue.add, close=queue.close)
 
     def start(self, claim: Claim) -> Span:
-        """The attempt's span, begun now, a child of the event's traceparent."""
-        parent = (self.propagator.extract({"traceparent": claim.traceparent})
-                  if claim.traceparent else None)
-        attributes: dict[str, Any] = {
-            "engine.delivery_id": claim.id, "engine.event_id": claim.event_id,
-            "engine.destination_id": claim.destination_id,
-            "engine.attempt": claim.attempt, "url.full": claim.url,
-        }
-        if claim.tenant_id is not None:
-            attributes["engine.tenant_id"] = claim.tenant_id
-        from opentelemetry.trace import SpanKind
+        """The attempt's span, begun now, a child of the event's traceparent (the event's
+        trace), else the root of a trace of its own."""
+        parent = claim.traceparent
+        bits = self.getrandbits
+        if parent:
+            return Span(parent[3:35], 0, bits(64) or 1, parent[36:52], self.clock_ns())
+        return Span(None, bits(128) or 1, bits(64) or 1, None, self.clock_ns())
 
-        return self.tracer.start_span(SPAN_NAME, context=parent, kind=SpanKind.CLIENT,
-                                      attributes=attributes)  # type: ignore[return-value]
+    @staticmethod
+    def traceparent_of(span: Span) -> str:
+        """The `traceparent` a propagating destination's POST carries: the attempt's own
+        span, so the receiver's work is its child."""
+        trace = span.trace_id or f"{span.root_trace:032x}"
+        return f"00-{trace}-{span.span_id:016x}-{SAMPLED}"
 
-    def traceparent_of(self, span: Span) -> str:
-        """The `traceparent` header a propagating destination's POST carries: the
-        attempt's own span, so the receiver's work is its child."""
-        context = span.get_span_context()
-        return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
-
-    def end(self, span: Span, result: Result) -> None:
-        from opentelemetry.trace import Status, StatusCode
-
-        span.set_attribute("engine.outcome", result.outcome)
-        if result.status_code is not None:
-            span.set_attribute("http.response.status_code", result.status_code)
-        if result.duration_ms is not None:
-            span.set_attribute("engine.duration_ms", result.duration_ms)
-        if result.error:
-            span.set_attribute("error.type", result.error)
-        if result.outcome != "delivered":
-            span.set_status(Status(StatusCode.ERROR, result.error or result.outcome))
-        span.end(end_time=time.time_ns())
-
-    def shutdown(self) -> None:
-        self.provider.shutdown()
+    def end(self, span: Span, claim: Claim, result: Result) -> None:
+        self.export((span, self.clock_ns(), claim.id, claim.event_id, claim.destination_id,
+                     claim.attempt, claim.url, claim.tenant_id, result.outcome,
+                     result.status_code, result.duration_ms, result.error))
 
 
-def exported_spans(requests: Sequence[bytes]) -> list[Any]:
-    """The spans of OTLP/HTTP protobuf request bodies (for tests and the bench's sink)."""
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-
-    spans = []
-    for body in requests:
-        message = trace_service_pb2.ExportTraceServiceRequest()
-        message.ParseFromString(body)
-        for resource in message.resource_spans:
-            for scope in resource.scope_spans:
-                spans.extend(scope.spans)
-    return spans
+def spans_of(bodies: list[bytes]) -> list[dict[str, Any]]:
+    """The spans of OTLP/HTTP JSON request bodies (the tests' and the bench's collector)."""
+    return [span for body in bodies
+            for resource in msgspec.json.decode(body)["resourceSpans"]
+            for scope in resource["scopeSpans"] for span in scope["spans"]]

@@ -43,7 +43,7 @@ from engine.worker.http.pools import CurlPools
 from engine.worker.recorder import Batch, ResultRecorder
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import Span
+    from engine.observe.tracing import Span
 
 # A woken worker claims this much later (see _wait_for_work and
 # docs/decisions/0005-notify-gather-20ms.md).
@@ -159,7 +159,7 @@ class DeliveryWorker:
         await self.egress.close()  # what waits for egress settings or a token, released
         await self.http.close()  # what is still unanswered comes back as released
         if self.tracer is not None:
-            await asyncio.to_thread(self.tracer.shutdown)  # the last spans exported
+            await asyncio.to_thread(self.tracer.close)  # the last spans exported
         self.recorder.close()
         try:
             await writer
@@ -324,7 +324,7 @@ class DeliveryWorker:
     def _end_span(self, claim: Claim, result: Result) -> None:
         span = self.spans.pop(claim.id, None)
         if span is not None and self.tracer is not None:
-            self.tracer.end(span, result)
+            self.tracer.end(span, claim, result)
 
     def _on_response(self, claim: Claim, response: HttpResult | None) -> None:
         dispatcher = self.dispatcher
