@@ -103,6 +103,9 @@ SCENARIOS: dict[str, Scenario] = {
     "filter-fanout": OwnOptions(
         "CPU per event of a 1 KB event to 1,000 destinations with 5-condition filters vs none",
         "filter_fanout"),
+    "mtls-drain": OwnOptions(
+        "a backlog drained over mutual TLS against the same over plain TLS (issue 42: >= 80 %)",
+        "mtls_drain"),
     "gate": OwnOptions("CI's gate: a small drain's CPU per delivery against bench/baseline.json",
                        "gate"),
 }
