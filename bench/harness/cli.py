@@ -106,6 +106,9 @@ SCENARIOS: dict[str, Scenario] = {
     "tracing-cost": OwnOptions(
         "drain-fast's CPU per delivery with OpenTelemetry spans exported against none",
         "tracing_cost"),
+    "mtls-drain": OwnOptions(
+        "a backlog drained over mutual TLS against the same over plain TLS (issue 42: >= 80 %)",
+        "mtls_drain"),
     "gate": OwnOptions("CI's gate: a small drain's CPU per delivery against bench/baseline.json",
                        "gate"),
 }

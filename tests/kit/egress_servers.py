@@ -24,6 +24,7 @@ class Receiver(ThreadingHTTPServer):
     request must carry `Authorization: Bearer <a live token of that endpoint>`, else 401."""
 
     daemon_threads = True
+    request_queue_size = 128  # listen backlog: a burst of new connections is not dropped
 
     def __init__(self, context: ssl.SSLContext | None, tokens: TokenEndpoint | None) -> None:
         super().__init__(("127.0.0.1", 0), ReceiverHandler)
@@ -50,7 +51,19 @@ class Receiver(ThreadingHTTPServer):
         if self.context is None:
             return sock, address
         sock.settimeout(10)
-        return self.context.wrap_socket(sock, server_side=True), address
+        # The handshake runs in the connection's own thread (finish_request), never in
+        # the accept loop: a client whose ClientHello comes late (through a proxy that is
+        # busy connecting to this very server) must not stop every other accept.
+        return (self.context.wrap_socket(sock, server_side=True,
+                                         do_handshake_on_connect=False), address)
+
+    def finish_request(self, request: socket, client_address: object) -> None:  # type: ignore[override]
+        if isinstance(request, ssl.SSLSocket):
+            try:
+                request.do_handshake()
+            except (ssl.SSLError, OSError):
+                return  # a failed handshake: the connection is closed, nothing served
+        super().finish_request(request, client_address)
 
 
 class ReceiverHandler(BaseHTTPRequestHandler):

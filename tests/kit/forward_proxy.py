@@ -18,6 +18,7 @@ class ForwardProxy:
     def __init__(self, directory: Path) -> None:
         self.log = directory / "proxy-requests.log"
         self.port_file = directory / "proxy.port"
+        self.stderr_path = directory / "proxy.stderr"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -34,10 +35,10 @@ class ForwardProxy:
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy", "--hostname", "127.0.0.1", "--port", "0",
-             "--port-file", str(self.port_file), "--num-workers", "1",
+             "--port-file", str(self.port_file), "--threaded",
              "--num-acceptors", "1", "--log-level", "WARNING",
              "--plugins", "tests.kit.proxy_counter.CountingPlugin"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            env=env, stdout=subprocess.DEVNULL, stderr=self.stderr_path.open("wb"))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             text = self.port_file.read_text().strip() if self.port_file.exists() else ""
@@ -45,7 +46,7 @@ class ForwardProxy:
                 self.port = int(text)
                 return self
             if self.proc.poll() is not None:
-                raise RuntimeError(f"proxy.py exited: {self.proc.stderr.read()!r}")
+                raise RuntimeError(f"proxy.py exited: {self.stderr_path.read_text()!r}")
             time.sleep(0.05)
         raise RuntimeError("proxy.py did not start within 30 s")
 
