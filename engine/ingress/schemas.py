@@ -103,7 +103,9 @@ class _Request(msgspec.Struct, forbid_unknown_fields=True):
 # Egress (engine/webhooks/egress.py checks what a schema cannot say: that a PEM parses, a
 # key matches its certificate, a proxy's or token_url's address is allowed).
 ClientPem = Annotated[str, Meta(min_length=1, max_length=16 * 1024, pattern=_NO_NUL)]
-CaBundlePem = Annotated[str, Meta(min_length=1, max_length=256 * 1024, pattern=_NO_NUL)]
+# A destination's own CAs: well under the request body's limit (256 KiB), so a bundle over
+# it is a 422 naming the field, not a 413 for the whole body; --ca-bundle has no limit.
+CaBundlePem = Annotated[str, Meta(min_length=1, max_length=192 * 1024, pattern=_NO_NUL)]
 ProxyUrl = Annotated[str, Meta(min_length=1, max_length=2048, pattern=_NO_NUL,
                                description="http:// or https:// forward proxy")]
 ClientId = Annotated[str, Meta(min_length=1, max_length=1024, pattern=_NO_NUL)]
