@@ -227,6 +227,7 @@ def test_editing_through_the_portal_changes_its_tenants_destination_alone(
                            " d.tenant_id WHERE t.uid = 'globex' ORDER BY d.id")
     target = ids_of(world, "acme")[1]
     page.goto(link(world, "acme"))
+    expect(page.locator("#create-destination")).to_be_visible()  # the first page shown
     page.goto(page.url.split("#")[0] + f"#/destination/{target}")
     form = page.locator("#edit-destination")
     expect(form).to_be_visible()
@@ -327,6 +328,7 @@ def test_a_test_event_reaches_the_tenants_endpoint_signed_with_its_secret(
     path = urlsplit(destination["url"]).path
     before = len([1 for p, _, _ in _Receiver.received if p == path])
     page.goto(link(world, "acme"))
+    expect(page.locator("#create-destination")).to_be_visible()  # the first page shown
     page.goto(page.url.split("#")[0] + f"#/destination/{destination['id']}")
     form = page.locator("#test-event")
     expect(form).to_be_visible()
@@ -349,6 +351,9 @@ def test_a_test_event_reaches_the_tenants_endpoint_signed_with_its_secret(
 
 def test_the_event_type_catalog_is_shown(world: dict[str, Any], page: Page) -> None:
     page.goto(link(world, "acme", read_only=True))
+    # The first page rendered before the next is asked for: a page still loading when the
+    # hash changes would be shown over it (the console's pages are not cancelled).
+    expect(page.locator("#create-destination")).to_be_visible()
     page.goto(page.url.split("#")[0] + "#/event-types")
     expect(page.locator('tr[data-event-type="order.paid"] pre.example')).to_contain_text("1001")
     expect(page.locator('tr[data-event-type="order.refunded"]')).to_contain_text("refunded")
