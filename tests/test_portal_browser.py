@@ -36,7 +36,12 @@ if not Path(CHROMIUM).exists():
                 allow_module_level=True)
 pytest.importorskip("playwright.sync_api", reason="the test extra: pip install playwright")
 
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Page, expect  # noqa: E402
+
+# The console's browser and page (a page fails its test on any script error) and HTTP client.
+from tests.test_console_browser import browser, client_of, page  # noqa: E402
+
+__all__ = ["browser", "page"]  # fixtures, shared with test_console_browser
 
 TOKEN = "portal-browser-token"
 WAIT_S = 60
@@ -84,21 +89,6 @@ def receiver() -> Iterator[str]:
         thread.join()
 
 
-def client_of(engine: Engine) -> IngressProcess:
-    [started] = wait_until(lambda: engine.events("supervisor_started"), WAIT_S, "supervisor")
-    client = IngressProcess("unused", token=TOKEN)  # only its HTTP client: the engine serves
-    client.port = int(started["bind"].rsplit(":", 1)[1])
-
-    def healthy() -> bool:
-        try:
-            return client.request("GET", "/healthz", timeout=2).status == 200
-        except OSError:
-            return False
-
-    wait_until(healthy, WAIT_S, "ingress to answer")
-    return client
-
-
 def made(client: IngressProcess, path: str, body: object) -> Any:
     answer = client.request("POST", path, body)
     assert answer.status in (201, 202), answer
@@ -121,7 +111,7 @@ def world(module_dsn: str, receiver: str, tmp_path_factory: pytest.TempPathFacto
         else:
             os.environ["ENGINE_API_TOKEN"] = saved
     try:
-        client = client_of(engine)
+        client = client_of(engine, TOKEN)
         made(client, "/v1/event-types", {
             "name": "order.paid", "description": "An order was paid for.",
             "schema": {"type": "object", "required": ["order"],
@@ -147,26 +137,6 @@ def world(module_dsn: str, receiver: str, tmp_path_factory: pytest.TempPathFacto
                "receiver": receiver, "shots": tmp_path_factory.mktemp("portal-screenshots")}
     finally:
         engine.__exit__(None, None, None)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1360, "height": 900})
-    opened = context.new_page()
-    errors: list[str] = []
-    opened.on("pageerror", lambda error: errors.append(str(error)))
-    yield opened
-    context.close()
-    assert not errors, errors
 
 
 def screenshot(world: dict[str, Any], page: Page, name: str) -> None:
