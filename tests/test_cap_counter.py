@@ -286,9 +286,24 @@ def claim_as_a_worker(path: WorkerPath, conn: psycopg.Connection, plan: Plan, se
             # A lost host: its leases run out and the reaper returns them.
             conn.execute("UPDATE deliveries SET locked_until = now() - interval '1 s'"
                          " WHERE id = ANY(%s)", (reaped,))
-            reap_expired(conn, MAX_ATTEMPTS)
+            reap_until_returned(conn, name, reaped)
             found += violations(conn)
     found.append(f"{name}: not drained after {DEADLINE_S} s")
+
+
+def reap_until_returned(conn: psycopg.Connection, worker: str, ids: list[int]) -> None:
+    """Reap until none of `ids` is still this worker's claim. The reaper skips rows
+    another transaction has locked (FOR UPDATE ... SKIP LOCKED): a claim statement whose
+    snapshot saw one of them still pending keeps it locked until it commits, though it
+    does not take it. The production reaper takes such a row on its next round; until it
+    does, the claim is still this worker's and its result rightly applies, so the test
+    calls a result stale only once its row has left the worker."""
+    while True:
+        reap_expired(conn, MAX_ATTEMPTS)
+        if not conn.execute("SELECT 1 FROM deliveries WHERE id = ANY(%s) AND locked_by = %s"
+                            " LIMIT 1", (ids, worker)).fetchone():
+            return
+        time.sleep(0.01)
 
 
 def watch(dsn: str, found: list[str], done: threading.Event) -> int:
