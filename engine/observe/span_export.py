@@ -8,6 +8,7 @@ encoding). A span the queue has no room for, or a batch the collector does not t
 from __future__ import annotations
 
 import http.client
+import random
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -16,47 +17,79 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from engine.domain import Claim
 from engine.observe.tracing import SPAN_NAME, Ended
 
 QUEUE_LIMIT = 20_000  # spans waiting for export; beyond it they are dropped and counted
 BATCH_LIMIT = 2_000
 EXPORT_INTERVAL_S = 1.0
 DEFAULT_TIMEOUT_S = 10.0  # OTEL_EXPORTER_OTLP_TIMEOUT's default (the spec says 10 s)
+# Per destination, the attributes its spans share, formatted once (bounded: cleared when
+# it grows past this many destinations).
+SHARED_LIMIT = 10_000
 _encode = msgspec.json.Encoder().encode
-def span_json(ended: Ended) -> str:
-    """One ended attempt as an OTLP/JSON span (ids in hex, 64-bit integers as text;
-    kind 3 is CLIENT, status code 2 is ERROR)."""
-    (span, end_ns, delivery, event, destination, attempt, url, tenant, outcome, status,
-     duration_ms, error) = ended
-    trace = span.trace_id or f"{span.root_trace:032x}"
-    parent = f'"parentSpanId":"{span.parent_id}",' if span.parent_id else ""
-    extra = ""
-    if tenant is not None:
-        extra += f',{{"key":"engine.tenant_id","value":{{"intValue":"{tenant}"}}}}'
-    if status is not None:
-        extra += f',{{"key":"http.response.status_code","value":{{"intValue":"{status}"}}}}'
-    if duration_ms is not None:
-        extra += f',{{"key":"engine.duration_ms","value":{{"intValue":"{duration_ms}"}}}}'
-    if error:
-        extra += f',{{"key":"error.type","value":{{"stringValue":{_text(error)}}}}}'
-    state = ""
-    if outcome != "delivered":
-        state = f',"status":{{"code":2,"message":{_text(error or outcome)}}}'
-    return (
-        f'{{"traceId":"{trace}","spanId":"{span.span_id:016x}",{parent}'
-        f'"name":"{SPAN_NAME}","kind":3,'
-        f'"startTimeUnixNano":"{span.start_ns}","endTimeUnixNano":"{end_ns}","attributes":['
-        f'{{"key":"engine.delivery_id","value":{{"intValue":"{delivery}"}}}},'
-        f'{{"key":"engine.event_id","value":{{"intValue":"{event}"}}}},'
-        f'{{"key":"engine.destination_id","value":{{"intValue":"{destination}"}}}},'
-        f'{{"key":"engine.attempt","value":{{"intValue":"{attempt}"}}}},'
-        f'{{"key":"url.full","value":{{"stringValue":{_text(url)}}}}},'
-        f'{{"key":"engine.outcome","value":{{"stringValue":"{outcome}"}}}}{extra}]{state}}}')
 
 
 def _text(value: str) -> str:
     """A JSON string literal (escaped)."""
     return _encode(value).decode()
+
+
+class SpanFormat:
+    """Formats ended attempts as OTLP/JSON spans in the export thread (ids in hex, 64-bit
+    integers as text; kind 3 is CLIENT, status code 2 is ERROR). A span the loop made no
+    ids for (its destination does not propagate them) gets them here, from `rng`."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.getrandbits = (rng or random.Random()).getrandbits
+        self.shared: dict[tuple[int, str, int | None], str] = {}
+
+    def destination_part(self, claim: Claim) -> str:
+        key = (claim.destination_id, claim.url, claim.tenant_id)
+        part = self.shared.get(key)
+        if part is None:
+            if len(self.shared) >= SHARED_LIMIT:
+                self.shared.clear()
+            tenant = ("" if claim.tenant_id is None else
+                      f'{{"key":"engine.tenant_id","value":{{"intValue":"{claim.tenant_id}"}}}},')
+            part = self.shared[key] = (
+                f'{{"key":"engine.destination_id","value":{{"intValue":"{claim.destination_id}"}}}},'
+                f'{{"key":"url.full","value":{{"stringValue":{_text(claim.url)}}}}},{tenant}')
+        return part
+
+    def span_json(self, ended: Ended) -> str:
+        start_ns, end_ns, ids, claim, result = ended
+        if ids is not None:
+            trace, span = ids.trace_id, ids.span_id
+            parent = f'"parentSpanId":"{ids.parent_id}",' if ids.parent_id else ""
+        elif claim.traceparent:
+            trace, span = claim.traceparent[3:35], f"{self.getrandbits(64):016x}"
+            parent = f'"parentSpanId":"{claim.traceparent[36:52]}",'
+        else:
+            bits = f"{self.getrandbits(192):048x}"
+            trace, span, parent = bits[:32], bits[32:], ""
+        outcome, status, error = result.outcome, result.status_code, result.error
+        extra = ""
+        if status is not None:
+            extra = f',{{"key":"http.response.status_code","value":{{"intValue":"{status}"}}}}'
+        if result.duration_ms is not None:
+            extra += (',{"key":"engine.duration_ms","value":{"intValue":"'
+                      f'{result.duration_ms}"}}}}')
+        if error:
+            extra += f',{{"key":"error.type","value":{{"stringValue":{_text(error)}}}}}'
+        if outcome != "delivered":
+            extra += f'],"status":{{"code":2,"message":{_text(error or outcome)}}}'
+        else:
+            extra += "]"
+        return (
+            f'{{"traceId":"{trace}","spanId":"{span}",{parent}'
+            f'"name":"{SPAN_NAME}","kind":3,'
+            f'"startTimeUnixNano":"{start_ns}","endTimeUnixNano":"{end_ns}","attributes":['
+            f'{{"key":"engine.delivery_id","value":{{"intValue":"{claim.id}"}}}},'
+            f'{{"key":"engine.event_id","value":{{"intValue":"{claim.event_id}"}}}},'
+            f'{self.destination_part(claim)}'
+            f'{{"key":"engine.attempt","value":{{"intValue":"{claim.attempt}"}}}},'
+            f'{{"key":"engine.outcome","value":{{"stringValue":"{outcome}"}}}}{extra}}}')
 
 
 def traces_url(environ: Mapping[str, str]) -> str:
@@ -95,6 +128,7 @@ class SpanQueue:
         self.limit = limit
         self.interval_s = interval_s
         self.queue: deque[Ended] = deque()
+        self.format = SpanFormat()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="span export", daemon=True)
         self.thread.start()
@@ -137,7 +171,7 @@ class SpanQueue:
                 self.on_drop(len(batch))
 
     def _post(self, spans: list[Ended]) -> bool:
-        body = (self.head + ",".join(map(span_json, spans)) + "]}]}]}").encode()
+        body = (self.head + ",".join(map(self.format.span_json, spans)) + "]}]}]}").encode()
         where = self.where
         kind: Any = (http.client.HTTPSConnection if where.scheme == "https"
                      else http.client.HTTPConnection)

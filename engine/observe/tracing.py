@@ -54,28 +54,37 @@ def tracing_configured(environ: Mapping[str, str]) -> bool:
 
 
 class Span(NamedTuple):
-    """An attempt's span while its request runs: its trace (hex, the event's) or None
-    for a root of its own, whose trace id is `root_trace`; its id; its parent (hex);
-    when it began (unix ns)."""
+    """The ids of an attempt's span, in hex: its trace (the event's, else one of its
+    own), its own id, its parent (the event's span) or None for a root. Made on the event
+    loop only when a propagating destination's POST must carry them (traceparent_of); any
+    other span gets its ids in the export thread."""
 
-    trace_id: str | None
-    root_trace: int
-    span_id: int
+    trace_id: str
+    span_id: str
     parent_id: str | None
-    start_ns: int
 
 
-# An ended span as the export thread formats it (span_export.py): the span, when it
-# ended, then the claim's and the result's values.
-Ended = tuple[Span, int, int, int, int, int, str, int | None, str, int | None, int | None,
-              str | None]
+# An attempt as the event loop hands it to the export thread (span_export.py): when it
+# began and ended (unix ns), its ids if the loop made them, the claim and the result.
+# References only: formatting, ids and attribute values are the export thread's work.
+Ended = tuple[int, int, Span | None, Claim, Result]
+
+
+def span_ids(claim: Claim, getrandbits: Callable[[int], int]) -> Span:
+    """An attempt's span ids: a child of the event's traceparent, else a root. (An id of
+    all zeros, which W3C Trace Context forbids, has odds of 2**-64 at most.)"""
+    parent = claim.traceparent
+    if parent:
+        return Span(parent[3:35], f"{getrandbits(64):016x}", parent[36:52])
+    bits = f"{getrandbits(192):048x}"
+    return Span(bits[:32], bits[32:], None)
 
 
 class AttemptTracer:
-    """Starts and ends the spans of one worker's attempts. The event loop's part is
-    minimal (two ids, two clock reads, one tuple); `export` takes the ended tuple and the
-    export thread formats it (span_export.SpanQueue.add). `rng` makes the ids (a seeded
-    one in tests)."""
+    """Starts and ends the spans of one worker's attempts. The event loop's part is a
+    clock read at each end and one tuple of references (ids only for a propagating
+    destination); `export` takes the ended tuple and the export thread does the rest
+    (span_export.SpanQueue.add). `rng` makes the ids (a seeded one in tests)."""
 
     def __init__(self, export: Callable[[Ended], None],
                  rng: random.Random | None = None,
@@ -99,26 +108,20 @@ class AttemptTracer:
                                            environ.get("OTEL_SERVICE_NAME", service))
         return cls(queue.add, close=queue.close)
 
-    def start(self, claim: Claim) -> Span:
-        """The attempt's span, begun now, a child of the event's traceparent (the event's
-        trace), else the root of a trace of its own."""
-        parent = claim.traceparent
-        bits = self.getrandbits
-        if parent:
-            return Span(parent[3:35], 0, bits(64) or 1, parent[36:52], self.clock_ns())
-        return Span(None, bits(128) or 1, bits(64) or 1, None, self.clock_ns())
+    def start(self, claim: Claim) -> tuple[int, Span | None]:
+        """The attempt's span, begun now: its start, and its ids when its destination
+        propagates them."""
+        ids = span_ids(claim, self.getrandbits) if claim.propagate_trace else None
+        return self.clock_ns(), ids
 
     @staticmethod
-    def traceparent_of(span: Span) -> str:
+    def traceparent_of(ids: Span) -> str:
         """The `traceparent` a propagating destination's POST carries: the attempt's own
         span, so the receiver's work is its child."""
-        trace = span.trace_id or f"{span.root_trace:032x}"
-        return f"00-{trace}-{span.span_id:016x}-{SAMPLED}"
+        return f"00-{ids.trace_id}-{ids.span_id}-{SAMPLED}"
 
-    def end(self, span: Span, claim: Claim, result: Result) -> None:
-        self.export((span, self.clock_ns(), claim.id, claim.event_id, claim.destination_id,
-                     claim.attempt, claim.url, claim.tenant_id, result.outcome,
-                     result.status_code, result.duration_ms, result.error))
+    def end(self, started: tuple[int, Span | None], claim: Claim, result: Result) -> None:
+        self.export((started[0], self.clock_ns(), started[1], claim, result))
 
 
 def spans_of(bodies: list[bytes]) -> list[dict[str, Any]]:

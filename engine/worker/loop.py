@@ -86,7 +86,7 @@ class DeliveryWorker:
         # One span per attempt when OTEL_EXPORTER_OTLP_ENDPOINT is set (tracing.py); the
         # spans of requests in flight, by delivery id.
         self.tracer: AttemptTracer | None = None
-        self.spans: dict[int, Span] = {}
+        self.spans: dict[int, tuple[int, Span | None]] = {}
         # Failed claims, records and connects of one outage: two log lines, not one each.
         self.outage = Outage("worker", worker=self.worker)
         breaker = BreakerSettings(
@@ -291,7 +291,8 @@ class DeliveryWorker:
         span = self.tracer.start(claim) if self.tracer is not None else None
         if claim.propagate_trace:
             # The attempt's own span when tracing, else the traceparent the event came with.
-            traceparent = (self.tracer.traceparent_of(span) if self.tracer and span
+            ids = span[1] if span is not None else None
+            traceparent = (AttemptTracer.traceparent_of(ids) if ids is not None
                            else claim.traceparent)
             if traceparent:
                 extra = {**(claim.headers or {}), "traceparent": traceparent}
