@@ -226,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.mode == "cold" and args.scenario in drain.MIXES:
         parser.error("--mode cold runs drain-fast and drain-slow (or all: both)")
+    if args.mode == "cold" and args.engine_warm is not None:
+        parser.error("--engine-warm is warm mode's: a cold engine sends no warm-up")
     if not 1 <= args.post_batch <= peers_cold.MAX_BATCH:
         parser.error(f"--post-batch must be 1 to {peers_cold.MAX_BATCH}")
     if PEER_MISSING is not None:
