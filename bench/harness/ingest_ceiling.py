@@ -14,8 +14,8 @@ Phases, in this order, each --duration seconds:
    (`type`, `payload`, `delivery_count` 2; the rest defaults, as ingress leaves them).
    The table is dropped after, then CHECKPOINT, so its WAL is not the engine's to write.
 2. **load tool alone**: the load tool against a server that does nothing
-   (noop_server.mjs) with --clients connections: the most it can send here, and its CPU
-   per request.
+   (noop_server.mjs, Node) with --clients connections: a floor of what it can send here
+   (the no-op server shares the cores and may be what stops it), and its CPU per request.
 3. **single**: `engine --procs N` with two fake destinations (every event fans out to
    both), --clients connections each posting `POST /v1/events` back to back over
    loopback.
@@ -25,9 +25,11 @@ Phases, in this order, each --duration seconds:
 The load tool is wrk (`apt-get install -y wrk`; C, nearly free of CPU) when installed,
 else locust; --load-tool chooses. The engine is warmed up first (WARM_UP_S of paced load).
 By default the workers deliver while ingest is measured, as in production (they run at
-the engine's default niceness, below ingress); after each phase the bench waits until
-they have delivered what it accepted (not timed, not in its CPU). --hold pauses both
-destinations through the API instead: ingest alone, the deliveries queued.
+the engine's default niceness, below ingress); after the single phase the bench waits
+until they have delivered what it accepted (not timed, not in its CPU), so the batch phase
+starts on an empty queue (the batch phase is the last: its backlog is left behind).
+--hold pauses both destinations through the API instead: ingest alone, the deliveries
+queued.
 
 Reported per phase: events/s (accepted answers only; the engine's phases are checked
 against the rows in `events`), the load tool's p50/p99, and CPU seconds of the engine
@@ -169,6 +171,9 @@ def measured(parts: dict[str, int], ingress_pids: list[int], dsn: str,
     cpu["load_tool"] = result["load_tool_cpu_s"]
     result["cpu_s"] = cpu
     result["events_in_table"] = count_events(dsn) - events_before
+    # The load tool counts the answers it read within the phase; the table also has what
+    # was in flight when it stopped (a batch's 1,000 events weigh there).
+    result["events_per_s_from_table"] = round(result["events_in_table"] / result["seconds"])
     events = result["events_per_s"] * result["seconds"]
     result["cpu_us_per_event"] = {
         name: round(seconds / events * 1e6, 1) if events else None
@@ -238,7 +243,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print("single:", json.dumps(phases["single"]), flush=True)
             phases["batch"] = measured(parts, ingress_pids, dsn, lambda: run_load(
                 tool, base, mode="batch", connections=args.batch_connections,
-                seconds=args.duration, batch=args.batch), drain=not args.hold)
+                seconds=args.duration, batch=args.batch), drain=False)
             print("batch:", json.dumps(phases["batch"]), flush=True)
     report["results"] = results(phases)
     report["machine"]["load_average_at_end"] = stack.machine()["load_average"]
