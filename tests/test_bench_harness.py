@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.harness import cli, contention, stack
+from bench.harness import cli, contention, ingest_ceiling, stack
 from bench.harness.report import Report, figure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +108,20 @@ def test_contention_cell_accounts_for_every_claimed_row(dsn: str) -> None:
         contention.BACKLOG_PER_S * 0.5)
     assert 0 < cell["fill_ratio"] <= 1
     assert cell["lock_samples"] >= 1
+
+
+def test_ingest_ceiling_pgbench_row_is_an_event_row(dsn: str) -> None:
+    """ingest-ceiling's pgbench script inserts into a copy of `events` as the schema has it
+    now: the row it writes is an event's, with the payload the load tool posts."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {ingest_ceiling.PGBENCH_TABLE} (LIKE events INCLUDING ALL)")
+        conn.execute(ingest_ceiling.PGBENCH_SCRIPT)
+        row = conn.execute(
+            f"SELECT type, payload, delivery_count, tenant_id FROM {ingest_ceiling.PGBENCH_TABLE}"
+        ).fetchone()
+    assert row == ("order.created", ingest_ceiling.PAYLOAD, 2, 1)
+    assert json.loads(ingest_ceiling.PAYLOAD)["order"] == 42
+    assert len(ingest_ceiling.PAYLOAD) == ingest_ceiling.PAYLOAD_BYTES - 5
 
 
 def test_report_folder_holds_json_markdown_and_plots(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ clone, and what it reports must agree with what the destination and the queue sa
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -84,3 +85,32 @@ def test_drain_bench_pairs_a_capped_run_with_an_uncapped_one(
     capped, uncapped = (reports[n]["deliveries_per_s"] for n in ("drain-fast-capped", "drain-fast"))
     assert pair["deliveries_per_s"] == [round(capped / uncapped, 3)]
     assert pair["caps_reached"] == [reached]
+
+
+def test_cold_engine_run_drains_a_backlog_posted_through_the_api(
+    database_factory: DatabaseFactory,
+) -> None:
+    """peers --mode cold, the engine's side (pgqueuer is a bench extra, not a test one): a
+    fresh engine, the backlog posted through POST /v1/events/batch while the destination is
+    paused, every delivery made once and recorded once the destination is resumed."""
+    from bench.harness import peers_cold
+
+    args = argparse.Namespace(
+        count=COUNT, procs=PROCS, max_in_flight=MAX_IN_FLIGHT, cap=16, warm=100,
+        post_batch=120, post_connections=2, analyze=False)
+    try:
+        report = peers_cold.run_engine("drain-fast", database_factory.admin_dsn, args)
+    finally:
+        with psycopg.connect(database_factory.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {peers_cold.BENCH_DB} WITH (FORCE)")
+    assert report["mode"] == "cold"
+    # 300 in requests of 120, 120 and 60, each event one delivery.
+    assert report["posting"]["requests"] == 3
+    assert report["posting"]["deliveries_accepted"] == COUNT
+    assert report["delivered_at_destination"] == COUNT
+    assert report["recorded_delivered"] == COUNT
+    assert report["duplicates"] == 0
+    assert report["left_in_queue"] == 0
+    assert report["max_in_flight_at_destination"] <= 16
+    assert sum(report["arrivals_per_50ms"]) == COUNT
+    assert set(report["cpu_us_per_delivery"]) == {"engine", "postgres", "destination"}

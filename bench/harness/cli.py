@@ -86,6 +86,9 @@ SCENARIOS: dict[str, Scenario] = {
                         "peers"),
     "ingress": OwnOptions("accept latency and ceilings against pgbench (locust and wrk)",
                           "ingress"),
+    "ingest-ceiling": OwnOptions(
+        "single-event and batch ingest against pgbench's single-row INSERT, in one run",
+        "ingest_ceiling"),
     "event-schema-cost": OwnOptions(
         "ingress CPU per 1 KB event with a 20-property JSON Schema against none",
         "event_schema_cost"),

@@ -1,9 +1,17 @@
 """The engine against pgqueuer, the fastest peer the issue measured, in pairs of runs.
 
     python bench/peers.py [drain-fast|drain-slow|many-destinations|capped-slow|all]
+                          [--mode warm|cold] [--count N]
                           [--repeat N] [--dsn URL | --stock-pg15] [--cap N] [--procs 2]
                           [--peer-in-flight 100] [--peer-batch-size 10] [--warm N]
                           [--engine-warm N]
+
+--mode warm (the default) is what follows. --mode cold starts the engine fresh for each
+run and posts its backlog through the public API (`POST /v1/events/batch`) while its
+workers are held (the destination paused), pgqueuer's through its own API before its
+workers start, both timed from the first request at the destination: peers_cold.py beside
+this file says how. Cold mode runs drain-fast and drain-slow pairs only (`all`: both);
+`--count 20000` or `--count 100000` sets the backlog.
 
 --stock-pg15 runs everything on a throwaway cluster of the machine's PostgreSQL 15 with its
 packaged defaults (JIT on): a new user's server. --cap N gives the engine's destination
@@ -38,6 +46,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -45,7 +54,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from bench.harness import drain, drain_watch, stack
+from bench.harness import drain, drain_watch, peers_cold, stack
 from bench.harness.report import REPORTS, save_json
 from engine.config import Settings
 from engine.testing.fakedest import FakeDestination
@@ -65,6 +74,8 @@ else:
 PEER_WORKER = Path(__file__).with_name("peer_pgqueuer.py")
 PEER_DB = "engine_bench_pgqueuer"
 TARGET_RATIOS = {"drain-fast": 14_000 / 4_686, "drain-slow": 8_000 / 1_651}
+# Cold mode: issue 43's bar for drain-fast on 100,000 deliveries (none for drain-slow).
+COLD_TARGET_RATIOS = {"drain-fast": peers_cold.TARGET_RATIO}
 
 
 def as_url(dsn: str) -> str:
@@ -122,13 +133,18 @@ def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, o
         drain.warm_destination(
             dest.url("fast/warm-up"), args.warm, args.procs * args.peer_in_flight)
         asyncio.run(install(dsn))
-        # The backlog is due when the workers start: pgqueuer opens 200 connections, not
-        # 1,024, and a warm-up as the engine's (the backlog due only after it) would cost it
-        # more than it saves: ANALYZE then sees no job due, and its dequeue plan for the
-        # backlog costs far more PostgreSQL CPU per job
-        # (bench/results/2026-11-30-drain-ingress-sql-rounds.md).
-        asyncio.run(enqueue(dsn, count))
-        conn.execute("VACUUM ANALYZE")
+        cold: dict[str, Any] = {}
+        if args.mode == "cold":
+            # Through pgqueuer's API in batches, no VACUUM ANALYZE (peers_cold.py).
+            cold = peers_cold.prepare_peer_backlog(conn, dsn, count, args)
+        else:
+            # The backlog is due when the workers start: pgqueuer opens 200 connections,
+            # not 1,024, and a warm-up as the engine's (the backlog due only after it)
+            # would cost it more than it saves: ANALYZE then sees no job due, and its
+            # dequeue plan for the backlog costs far more PostgreSQL CPU per job
+            # (bench/results/2026-11-30-drain-ingress-sql-rounds.md).
+            asyncio.run(enqueue(dsn, count))
+            conn.execute("VACUUM ANALYZE")
         pg_pid = stack.postmaster_pid(conn)
         server = stack.server_report(conn)
         command = [
@@ -152,7 +168,9 @@ def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, o
     return {
         "peer": "pgqueuer",
         "scenario": name,
+        "mode": args.mode,
         "deliveries": count,
+        **cold,
         "left_in_queue": left[0] if left else None,
         **drain_watch.drain_report(watched),
         "peer_command": " ".join(command[1:]).replace(dsn, "DSN"),
@@ -163,6 +181,8 @@ def run_peer(name: str, admin_dsn: str, args: argparse.Namespace) -> dict[str, o
 def pair_summary(name: str, engine: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
     return {
         "scenario": name,
+        "mode": peer["mode"],
+        "deliveries": peer["deliveries"],
         "engine_per_s": engine["deliveries_per_s"],
         "pgqueuer_per_s": peer["deliveries_per_s"],
         "ratio": round(engine["deliveries_per_s"] / peer["deliveries_per_s"], 2),
@@ -171,6 +191,11 @@ def pair_summary(name: str, engine: dict[str, Any], peer: dict[str, Any]) -> dic
         "duplicates": [engine["duplicates"], peer["duplicates"]],
         "left_in_queue": [engine["left_in_queue"], peer["left_in_queue"]],
     }
+
+
+def median_cpu(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The median CPU per delivery (µs) of each part over the runs of one side."""
+    return {part: round(statistics.median(run[part] for run in runs), 1) for part in runs[0]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -192,8 +217,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warm", type=int, default=drain.WARM_REQUESTS)
     parser.add_argument(
         "--engine-warm", type=int,
-        help="the engine's warm-up deliveries, as in bench/drain.py")
+        help="warm: the engine's warm-up deliveries, as in bench/drain.py")
+    parser.add_argument(
+        "--mode", choices=["warm", "cold"], default="warm",
+        help="warm: the engine drains a backlog made with SQL, after a warm-up; cold: a"
+             " fresh engine drains a backlog posted through its API (peers_cold.py)")
+    peers_cold.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.mode == "cold" and args.scenario in drain.MIXES:
+        parser.error("--mode cold runs drain-fast and drain-slow (or all: both)")
+    if args.mode == "cold" and args.engine_warm is not None:
+        parser.error("--engine-warm is warm mode's: a cold engine sends no warm-up")
+    if not 1 <= args.post_batch <= peers_cold.MAX_BATCH:
+        parser.error(f"--post-batch must be 1 to {peers_cold.MAX_BATCH}")
     if PEER_MISSING is not None:
         print(f"bench peers: {PEER_MISSING.name or PEER_MISSING} is missing; install the bench's"
               " packages: pip install -e '.[bench]'", file=sys.stderr)
@@ -203,6 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = []
     mixed_names = list(drain.MIXES) if args.scenario == "all" else [
         name for name in [args.scenario] if name in drain.MIXES]
+    if args.mode == "cold":
+        mixed_names = []
+    run_engine = peers_cold.run_engine if args.mode == "cold" else partial(
+        drain.run_scenario, cap=args.cap)
+    prefix = "peers-cold" if args.mode == "cold" else "peers"
 
     pairs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     mixed: dict[str, list[dict[str, Any]]] = {name: [] for name in mixed_names}
@@ -214,21 +255,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mixed[name].append(report)
                 save_json(REPORTS, name, report)
             for name in names:
-                engine = drain.run_scenario(name, admin_dsn, args, cap=args.cap)
+                engine = run_engine(name, admin_dsn, args)
                 time.sleep(1)
                 peer = run_peer(name, admin_dsn, args)
                 pair = pair_summary(name, engine, peer)
                 pairs[name].append(pair)
-                save_json(REPORTS, f"peers-{name}",
+                save_json(REPORTS, f"{prefix}-{name}",
                           {"pair": pair, "engine": engine, "pgqueuer": peer})
                 print(json.dumps(pair), flush=True)
-    medians = {
+    targets = COLD_TARGET_RATIOS if args.mode == "cold" else TARGET_RATIOS
+    medians: dict[str, Any] = {
         name: {
+            "mode": args.mode,
+            "deliveries": runs[0]["deliveries"],
             "ratios": [p["ratio"] for p in runs],
             "median_ratio": statistics.median(p["ratio"] for p in runs),
-            "target_ratio": round(TARGET_RATIOS[name], 2),
+            "target_ratio": round(targets[name], 2) if name in targets else None,
             "median_engine_per_s": statistics.median(p["engine_per_s"] for p in runs),
             "median_pgqueuer_per_s": statistics.median(p["pgqueuer_per_s"] for p in runs),
+            "median_engine_cpu_us": median_cpu([p["engine_cpu_us"] for p in runs]),
+            "median_pgqueuer_cpu_us": median_cpu([p["pgqueuer_cpu_us"] for p in runs]),
             "load_avg_end": os.getloadavg(),
         }
         for name, runs in pairs.items()
