@@ -8,6 +8,9 @@
 #                              chromium (the console's browser tests), curl (the README's
 #                              examples), openssl, ip (iproute2), PostgreSQL 15 (CI's
 #                              second run, tools/with-pg15.sh)
+#   bash tools/setup.sh bench  and what bench/ runs besides Python: node, PostgreSQL 15
+#                              (--stock-pg15, and its pgbench: ingest-ceiling), wrk (the
+#                              load tool of ingest-ceiling and the ingress scenario)
 #   bash tools/setup.sh container  podman, runc and debootstrap: the container test
 #                              (tests/test_container.py builds the image on a base image
 #                              made here by tools/container-base.sh)
@@ -41,12 +44,16 @@ if [ "${1:-}" = test ]; then
     need_command openssl openssl
     need_command ip iproute2
     [ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
+elif [ "${1:-}" = bench ]; then
+    need_command node nodejs
+    need_command wrk wrk
+    [ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
 elif [ "${1:-}" = container ]; then
     need_command podman podman
     need_command runc runc
     need_command debootstrap debootstrap
 elif [ -n "${1:-}" ]; then
-    echo "setup.sh: unknown argument '$1' (none, 'test' or 'container')" >&2
+    echo "setup.sh: unknown argument '$1' (none, 'test', 'bench' or 'container')" >&2
     exit 2
 fi
 
