@@ -196,8 +196,8 @@ def claim_in(tx: psycopg.Connection, worker: str, limit: int) -> list[queue.Clai
     locked = queries.LOCK_CAPPED_DESTINATIONS.run_sync(tx, LOCK_CAPPED).fetchall()
     params = claim_params(worker, limit, [row[0] for row in locked])
     # The last column is the fair share's tenant cursor, not a Claim field.
-    return [queue.Claim(*row[:-1])
-            for row in queries.CLAIM_BATCH.run_sync(tx, params).fetchall()]
+    rows = [row[:-1] for row in queries.CLAIM_BATCH.run_sync(tx, params).fetchall()]
+    return [queue.Claim(*row) for row in queue_async.claim_rows(rows)]
 
 
 def claim_all(conn: psycopg.Connection, workers: int, prefix: str) -> list[queue.Claim]:

@@ -6,6 +6,7 @@ import datetime as dt
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from engine.db import queue
 from engine.db.queue import EventIn, Result
@@ -76,6 +77,44 @@ def test_claim_returns_everything_needed_and_marks_in_flight(conn: psycopg.Conne
     ).fetchone()
     assert row == ("in_flight", "w1", True)
     assert queue_sync.claim_batch(conn, "w2", 10, LEASE_MS) == []
+
+
+def test_every_claim_carries_its_destinations_settings(conn: psycopg.Connection) -> None:
+    """The claim sends a destination's columns on its first row only (claim_batch.sql,
+    refill_slots.sql); every Claim, of a claim and of a slot refill, still has all of
+    its own destination's, none of another's."""
+    plain = add_destination(conn, timeout_ms=1111, headers=Jsonb({"X-A": "a"}),
+                            retry_schedule=[1.0, 2.0], propagate_trace=True)
+    rotated = add_destination(conn, timeout_ms=2222, previous_secret="whsec_b2xkb2xkb2xkb2xk",
+                              previous_secret_until=now(conn) + dt.timedelta(hours=1))
+    capped = add_destination(conn, timeout_ms=3333, max_in_flight=2)
+    settings = {dest: conn.execute(
+        "SELECT url, timeout_ms, headers, retry_schedule, max_in_flight, propagate_trace,"
+        " tenant_id, secret, previous_secret FROM destinations WHERE id = %s", (dest,)
+    ).fetchone() for dest in (plain, rotated, capped)}
+    with conn.transaction():
+        queue_sync.enqueue_events(conn, [EventIn("t", f'{{"n": {n}}}') for n in range(5)])
+
+    def check(claims: list[queue.Claim]) -> None:
+        for claim in claims:
+            url, timeout_ms, headers, schedule, cap, propagate, tenant, secret, previous = (
+                settings[claim.destination_id])
+            assert (claim.url, claim.timeout_ms, claim.headers, claim.retry_schedule,
+                    claim.max_in_flight, claim.propagate_trace, claim.tenant_id) == (
+                url, timeout_ms, headers, schedule, cap, propagate, tenant)
+            assert claim.secrets == ([secret, previous] if previous else [secret])
+
+    claims = queue_sync.claim_batch(conn, "w1", 20, LEASE_MS)
+    assert sorted(c.destination_id for c in claims).count(plain) == 5
+    assert sorted(c.destination_id for c in claims).count(capped) == 2
+    check(claims)
+    t = now(conn)
+    done = [queue.Result(c.id, c.attempt, "delivered", t, 1, 200, claim_token=c.claim_token)
+            for c in claims if c.destination_id == capped]
+    refilled = queue_sync.record_results_and_refill(conn, "w1", done, LEASE_MS, {capped: 2},
+                                                    spares={capped: 1})
+    assert [c.destination_id for c in refilled] == [capped] * 3
+    check(refilled)
 
 
 def test_record_results_delivered_retry_dead(conn: psycopg.Connection) -> None:

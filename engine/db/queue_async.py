@@ -137,11 +137,29 @@ async def claim_batch(
     return claims
 
 
+def claim_rows(rows: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+    """claim_batch.sql's (or refill_slots.sql's) rows with their destination's columns,
+    which the statement sends on the first row of each destination only (NULL url on
+    the others: a destination's url is NOT NULL)."""
+    firsts = {row[_DESTINATION_COLUMN]: row for row in rows if row[_URL_COLUMN] is not None}
+    if len(firsts) == len(rows):
+        return rows
+    filled: list[Sequence[Any]] = []
+    for row in rows:
+        if row[_URL_COLUMN] is None:
+            first = firsts[row[_DESTINATION_COLUMN]]
+            row = (*row[:4], *first[4:7], row[7], *first[8:13], row[13], *first[14:16],
+                   *row[16:])
+        filled.append(row)
+    return filled
+
+
 def _claims(rows: Sequence[Sequence[Any]], rate_tokens: Sequence[RateBooking]) -> list[Claim]:
     """claim_batch.sql's (or refill_slots.sql's) rows as Claims. A rate-limited
     destination's claims take the send times its row of take_rate_tokens.sql booked,
     1/rate apart from the first, in id order (the order they were enqueued in);
     claim_batch.sql gave back those left over."""
+    rows = claim_rows(rows)
     if not rate_tokens:
         return [Claim(*row) for row in rows]
     booked = {booking[0]: booking for booking in rate_tokens}
@@ -197,6 +215,13 @@ def _limited_claims(rows: Sequence[Sequence[Any]]) -> tuple[list[Claim], BookSen
 
 # Where claim_batch.sql's rows (Claim's fields, in order) have these.
 _DESTINATION_COLUMN = Claim.__struct_fields__.index("destination_id")
+_URL_COLUMN = Claim.__struct_fields__.index("url")
+# The destination's columns in a claim row: url, timeout_ms, secrets; max_in_flight up to
+# egress_revision; propagate_trace, tenant_id (the rest are the delivery's or the event's).
+assert Claim.__struct_fields__[4:7] == ("url", "timeout_ms", "secrets")
+assert Claim.__struct_fields__[8:13] == ("max_in_flight", "headers", "retry_schedule",
+                                         "rate_limit", "egress_revision")
+assert Claim.__struct_fields__[14:16] == ("propagate_trace", "tenant_id")
 _RATE_LIMIT_COLUMN = Claim.__struct_fields__.index("rate_limit")
 # claim_limited_tenants.sql's rows: Claim's fields up to holds_slot, then the tenant's id,
 # rate limit and first send time, the destination's first send time, the statement time.

@@ -11,7 +11,12 @@
 --   $9 tenant cursor bigint: the tenant this worker's last fair-share claim served last
 --      (0 at first: from the highest); the walk over the tenants goes on below it
 -- Returns the claims' columns, then `tenant_cursor`: the tenant this claim's fair share
--- served last (NULL when it shared nothing), the worker's next $9.
+-- served last (NULL when it shared nothing), the worker's next $9. The destination's
+-- columns (url to tenant_id, all but payload and traceparent) are on the first row of
+-- each destination only, NULL on the others, which take them from it
+-- (engine/db/queue_async.py, `claim_rows`): a claim of 500 rows to one destination sent
+-- its secrets, headers and schedule 500 times, and the worker decoded them 500 times
+-- (docs/decisions/0037).
 --
 -- FOR UPDATE OF d SKIP LOCKED: lock only delivery rows. Without OF, the destination row
 -- would be locked too, and every other claimer would skip all of that destination's
@@ -355,21 +360,30 @@ WITH RECURSIVE set_aside_tenants AS (
      WHERE dest.id = t.destination_id
 )
 SELECT c.id, c.event_id, c.destination_id, c.attempt,
-       dest.url, dest.timeout_ms,
-       CASE WHEN dest.previous_secret IS NOT NULL AND dest.previous_secret_until > now()
+       CASE WHEN c.id = taken.first_id THEN dest.url END AS url,
+       CASE WHEN c.id = taken.first_id THEN dest.timeout_ms END AS timeout_ms,
+       CASE WHEN c.id <> taken.first_id THEN NULL
+            WHEN dest.previous_secret IS NOT NULL AND dest.previous_secret_until > now()
             THEN ARRAY[dest.secret, dest.previous_secret]
             ELSE ARRAY[dest.secret] END AS secrets,
-       ev.payload, dest.max_in_flight, dest.headers, dest.retry_schedule, dest.rate_limit,
-       dest.egress_revision, ev.traceparent, dest.propagate_trace, dest.tenant_id,
+       ev.payload,
+       CASE WHEN c.id = taken.first_id THEN dest.max_in_flight END AS max_in_flight,
+       CASE WHEN c.id = taken.first_id THEN dest.headers END AS headers,
+       CASE WHEN c.id = taken.first_id THEN dest.retry_schedule END AS retry_schedule,
+       CASE WHEN c.id = taken.first_id THEN dest.rate_limit END AS rate_limit,
+       CASE WHEN c.id = taken.first_id THEN dest.egress_revision END AS egress_revision,
+       ev.traceparent,
+       CASE WHEN c.id = taken.first_id THEN dest.propagate_trace END AS propagate_trace,
+       CASE WHEN c.id = taken.first_id THEN dest.tenant_id END AS tenant_id,
        c.claim_token,
        -- Full after this claim (`dest` is the row as the statement began, before
        -- slots_taken): the worker then gives these slots back within milliseconds.
-       coalesce(dest.in_flight + taken.n >= dest.max_in_flight, false) AS fills_cap,
+       coalesce(dest.in_flight + nullif(taken.n, 0) >= dest.max_in_flight, false) AS fills_cap,
        c.holds_slot,
        (SELECT tenant_id FROM fair_shares ORDER BY k DESC LIMIT 1) AS tenant_cursor
   FROM claimed c
   JOIN destinations dest ON dest.id = c.destination_id
   JOIN events ev ON ev.id = c.event_id
-  LEFT JOIN (SELECT destination_id, count(*) AS n FROM claimed
-              WHERE holds_slot GROUP BY destination_id) taken
+  JOIN (SELECT destination_id, min(id) AS first_id, count(*) FILTER (WHERE holds_slot) AS n
+          FROM claimed GROUP BY destination_id) taken
     ON taken.destination_id = c.destination_id

@@ -75,7 +75,7 @@ WITH wanted AS (
      WHERE d.id = ANY (ARRAY(SELECT id FROM picked))
  RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.claim_token, d.holds_slot
 ), taken AS (
-    SELECT destination_id, count(*) FILTER (WHERE holds_slot) AS n
+    SELECT destination_id, count(*) FILTER (WHERE holds_slot) AS n, min(id) AS first_id
       FROM claimed GROUP BY destination_id
 ), slots_taken AS (
     UPDATE destinations dest
@@ -83,14 +83,24 @@ WITH wanted AS (
       FROM taken t
      WHERE dest.id = t.destination_id AND t.n > 0
 )
--- The columns of claim_batch.sql, in its order (engine.domain.Claim).
+-- The columns of claim_batch.sql, in its order (engine.domain.Claim), the destination's
+-- on the first row of each destination only, as there.
 SELECT c.id, c.event_id, c.destination_id, c.attempt,
-       dest.url, dest.timeout_ms,
-       CASE WHEN dest.previous_secret IS NOT NULL AND dest.previous_secret_until > now()
+       CASE WHEN c.id = t.first_id THEN dest.url END AS url,
+       CASE WHEN c.id = t.first_id THEN dest.timeout_ms END AS timeout_ms,
+       CASE WHEN c.id <> t.first_id THEN NULL
+            WHEN dest.previous_secret IS NOT NULL AND dest.previous_secret_until > now()
             THEN ARRAY[dest.secret, dest.previous_secret]
             ELSE ARRAY[dest.secret] END AS secrets,
-       ev.payload, dest.max_in_flight, dest.headers, dest.retry_schedule, dest.rate_limit,
-       dest.egress_revision, ev.traceparent, dest.propagate_trace, dest.tenant_id,
+       ev.payload,
+       CASE WHEN c.id = t.first_id THEN dest.max_in_flight END AS max_in_flight,
+       CASE WHEN c.id = t.first_id THEN dest.headers END AS headers,
+       CASE WHEN c.id = t.first_id THEN dest.retry_schedule END AS retry_schedule,
+       CASE WHEN c.id = t.first_id THEN dest.rate_limit END AS rate_limit,
+       CASE WHEN c.id = t.first_id THEN dest.egress_revision END AS egress_revision,
+       ev.traceparent,
+       CASE WHEN c.id = t.first_id THEN dest.propagate_trace END AS propagate_trace,
+       CASE WHEN c.id = t.first_id THEN dest.tenant_id END AS tenant_id,
        c.claim_token,
        c.holds_slot AND dest.in_flight + t.n >= dest.max_in_flight AS fills_cap,
        c.holds_slot
