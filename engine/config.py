@@ -35,6 +35,9 @@ class Settings:
     # Added to the niceness of delivery worker children (0: same as ingress); see
     # supervisor._run_worker for why.
     worker_nice: int = 10
+    # Whether a worker's commits (claims, results) wait for the WAL to reach the disk: a
+    # lost one is sent again (engine/db/database.worker_dsn, docs/decisions/0037).
+    worker_synchronous_commit: bool = False
     allow_private_targets: bool = False
     # Private ranges permitted as targets (an internal deployment's own network); every
     # other refusal stays. --allow-private-targets permits them all instead.

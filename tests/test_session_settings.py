@@ -25,7 +25,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from engine.config import Settings
 from engine.db import queries, queue, queue_async
-from engine.db.database import open_database
+from engine.db.database import open_database, worker_dsn
 from engine.db.queries import Statement
 from engine.db.sql_params import (
     BreakerDeferParams,
@@ -40,6 +40,7 @@ from engine.db.sql_params import (
 from engine.observe.oplog import Outage
 from engine.observe.status import collect_status
 from engine.worker.connection import connect
+from engine.worker.loop import DeliveryWorker
 from tests.kit import queue_sync
 
 pytestmark = pytest.mark.pg_versions
@@ -258,3 +259,59 @@ def test_queue_sessions_use_generic_plans_unless_the_dsn_says_otherwise(dsn: str
     assert asyncio.run(settings_of(dsn)) == ("force_generic_plan", "5s")
     explicit = make_conninfo(dsn, options="-c plan_cache_mode=auto")
     assert asyncio.run(settings_of(explicit)) == ("auto", "5s")
+
+
+def test_worker_sessions_commit_without_waiting_for_the_disk_unless_told(dsn: str) -> None:
+    """A worker's claims and results commit with synchronous_commit off (a lost one is
+    sent again, docs/decisions/0037); `worker_synchronous_commit` or the DSN's own
+    options turn it back on."""
+    async def setting_of(url: str) -> str:
+        conn = await connect(url, "settings-test", listen=False, outage=Outage("test"),
+                             give_up=lambda: None)
+        async with conn:
+            row = await (await conn.execute(
+                "SELECT current_setting('synchronous_commit')")).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    # The tests' server runs with it off, for speed: this database says on, as a stock
+    # server does.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET synchronous_commit = on").format(
+            sql.Identifier(conninfo_to_dict(dsn)["dbname"])))
+    assert asyncio.run(setting_of(worker_dsn(dsn, False))) == "off"
+    assert asyncio.run(setting_of(worker_dsn(dsn, True))) == "on"
+    # An operator's choice in the DSN comes after ours, and wins.
+    explicit = make_conninfo(dsn, options="-c synchronous_commit=remote_write")
+    assert asyncio.run(setting_of(worker_dsn(explicit, False))) == "remote_write"
+    assert DeliveryWorker(Settings(dsn=dsn), dsn).dsn == worker_dsn(dsn, False)
+
+
+def test_a_result_that_finishes_an_ordered_delivery_waits_for_the_disk(dsn: str) -> None:
+    """Finishing a delivery with an ordering key lets the next of its key go: that
+    commit waits for the disk whatever the worker session says (record_results.sql,
+    ordered_waits); a batch of unordered ones does not."""
+    with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=off") as conn:
+        dests = [conn.execute("INSERT INTO destinations (url, secret, ordered) VALUES"
+                              " ('http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw',"
+                              " %s) RETURNING id", (ordered,)).fetchone()
+                 for ordered in (False, True)]
+        with conn.transaction():
+            queue_sync.enqueue_events(conn, [
+                queue.EventIn("t", "{}", [row[0]], ordering_key="k") for row in dests if row])
+        claims = queue_sync.claim_batch(conn, "w", 10, LEASE_MS)
+        ordered = conn.execute("SELECT id FROM deliveries WHERE ordering_key = 'k'"
+                               ).fetchone()
+        assert len(claims) == 2 and ordered is not None
+        at = dt.datetime.now(dt.UTC)
+        for claim, waits in sorted(((c, c.id == ordered[0]) for c in claims),
+                                   key=lambda pair: pair[1]):
+            result = queue.Result(claim.id, claim.attempt, "delivered", at, 1, 200,
+                                  claim_token=claim.claim_token)
+            with conn.transaction():
+                row = queries.RECORD_RESULTS.run_sync(
+                    conn, queue_async.record_params("w", [result])).fetchone()
+                setting = conn.execute("SELECT current_setting('synchronous_commit')"
+                                       ).fetchone()
+            assert row is not None and row[0] == 1 and row[-1] is waits
+            assert setting == ("on" if waits else "off",)

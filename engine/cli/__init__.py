@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
              " (env ENGINE_STRICT_EVENT_TYPES=1)",
     )
     parser.add_argument(
+        "--worker-synchronous-commit", action="store_true", default=None,
+        help="workers' commits wait for the WAL to reach the disk (default: they do not; a"
+             " claim or result lost in a server crash is sent again; env"
+             " ENGINE_WORKER_SYNCHRONOUS_COMMIT=1)",
+    )
+    parser.add_argument(
         "--egress-proxy", metavar="URL",
         help="send every delivery through this http:// or https:// forward proxy (a"
              " destination's own proxy wins; env ENGINE_EGRESS_PROXY)",
@@ -115,6 +121,7 @@ _SETTING_FLAGS = {
     "max_timeout": "max_timeout", "drain_deadline_s": "drain_deadline",
     "portal_frame_ancestors": "portal_frame_ancestors",
     "strict_event_types": "strict_event_types",
+    "worker_synchronous_commit": "worker_synchronous_commit",
     "egress_proxy": "egress_proxy", "ca_bundle": "ca_bundle",
 }
 

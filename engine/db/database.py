@@ -105,6 +105,20 @@ def session_options(dsn: str) -> str:
     return f"{ours} {given}".strip()
 
 
+def worker_dsn(dsn: str, synchronous_commit: bool) -> str:
+    """The DSN of a delivery worker's sessions: without `synchronous_commit`, their
+    commits do not wait for the WAL to reach the disk. A worker's writes are claims and
+    results, and a server crash that loses the last of them only sends those deliveries
+    again, as a lost worker does (at least once); record_results.sql still waits for a
+    batch that finishes an ordered delivery, whose loss could send it again after the
+    next in its order (docs/decisions/0037). Accepting an event (ingress) always waits.
+    The DSN's own options come after ours, so an operator's choice there wins."""
+    if synchronous_commit:
+        return dsn
+    given = conninfo_to_dict(dsn).get("options") or ""
+    return make_conninfo(dsn, options=f"-c synchronous_commit=off {given}".strip())
+
+
 def describe(dsn: str) -> str:
     """`user@host:port/dbname` for messages: never the password."""
     params = conninfo_to_dict(dsn)

@@ -27,6 +27,7 @@ from psycopg.errors import IdleInTransactionSessionTimeout
 
 from engine.config import Settings
 from engine.db import queue_async
+from engine.db.database import worker_dsn
 from engine.domain import BreakerSettings, Claim, Result, worker_id
 from engine.observe.metrics import count_results, instruments
 from engine.observe.oplog import Outage, log_event
@@ -68,6 +69,7 @@ class DeliveryWorker:
         lookup: Lookup = system_lookup,
     ) -> None:
         self.settings = settings
+        dsn = worker_dsn(dsn, settings.worker_synchronous_commit)
         self.dsn = dsn
         self.lookup = lookup  # resolves destination names (engine/webhooks/targets.py)
         self.worker = worker or worker_id()

@@ -13,9 +13,9 @@
 --      (refill_slots.sql, the next statement): nobody is woken for them
 --   $9 tenant advisory lock class int (the key space of "changing this tenant's slot count",
 --      lock_limited_tenants.sql)
--- Returns the results applied, the breakers opened, the claimers woken and the
--- operational events enqueued. The attempts also go to the console's per-minute rollup
--- (`minutes`, schema/011).
+-- Returns the results applied, the breakers opened, the claimers woken, the
+-- operational events enqueued and whether the commit waits for the disk (ordered_waits).
+-- The attempts also go to the console's per-minute rollup (`minutes`, schema/011).
 --
 -- One JSON document, not one array per column: psycopg builds each array element by
 -- element in Python (a tenth of a worker's CPU per delivery, decision 0001), while the
@@ -327,6 +327,16 @@ WITH result AS (
     -- Not a data-modifying CTE: it runs because the final SELECT reads it.
     SELECT enqueue_operational_event(o.type, o.about, o.payload) AS event_id
       FROM operational o
+), ordered_waits AS (
+    -- A worker's session commits without waiting for the disk (synchronous_commit off,
+    -- engine/db/database.worker_dsn): a result lost in a server crash is sent again. Not
+    -- so a batch that finishes a delivery with an ordering key: the next of its key may
+    -- be sent once this commits, and the lost one sent again after it would arrive out of
+    -- order. Its commit waits (a setting local to this transaction, read at its commit;
+    -- runs because the final SELECT reads it).
+    SELECT set_config('synchronous_commit', 'on', true)
+      FROM finished WHERE ordering_key IS NOT NULL
+     LIMIT 1
 )
 SELECT (SELECT count(*) FROM applied) + (SELECT count(*) FROM requeued
                                          WHERE outcome = 'released') AS applied,
@@ -346,4 +356,5 @@ SELECT (SELECT count(*) FROM applied) + (SELECT count(*) FROM requeued
                               SELECT pg_notify($7, '') FROM tenant_slots_returned
                                WHERE was_full) n)
            AS claimers_woken,
-       (SELECT count(event_id) FROM operational_enqueued) AS operational_events
+       (SELECT count(event_id) FROM operational_enqueued) AS operational_events,
+       (SELECT count(*) FROM ordered_waits) > 0 AS waits_for_disk
