@@ -88,6 +88,10 @@
 -- claimed by claim_limited_tenants.sql, the statement before this one, within their
 -- limits (docs/decisions/0029), and $2 is what that left. A deleted tenant's destinations
 -- are deleted with it (tenant_delete.sql).
+-- The event is found by (id, created_at): a delivery's created_at is its event's
+-- (enqueue_events.sql writes both with one now(); replays and moves copy it), and events
+-- is partitioned by created_at (schema/026), so run-time pruning reads one partition's
+-- primary key per claimed row instead of every partition's (tests/test_partition_plan.py).
 WITH RECURSIVE set_aside_tenants AS (
     -- tenants_set_aside_idx (schema/019): one descent, none found in the common case.
     SELECT array(SELECT id FROM tenants
@@ -344,7 +348,8 @@ WITH RECURSIVE set_aside_tenants AS (
            claim_token = (SELECT nextval('claim_token_seq')),
            holds_slot = d.destination_id = ANY ($5::bigint[])
      WHERE d.id = ANY (ARRAY(SELECT id FROM chosen))
- RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.holds_slot, d.claim_token
+ RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.holds_slot, d.claim_token,
+           d.created_at
 ), slots_taken AS (
     UPDATE destinations dest
        SET in_flight = dest.in_flight + t.n
@@ -369,7 +374,7 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
        (SELECT tenant_id FROM fair_shares ORDER BY k DESC LIMIT 1) AS tenant_cursor
   FROM claimed c
   JOIN destinations dest ON dest.id = c.destination_id
-  JOIN events ev ON ev.id = c.event_id
+  JOIN events ev ON ev.id = c.event_id AND ev.created_at = c.created_at
   LEFT JOIN (SELECT destination_id, count(*) AS n FROM claimed
               WHERE holds_slot GROUP BY destination_id) taken
     ON taken.destination_id = c.destination_id
