@@ -183,12 +183,14 @@ SELECT p.relname::text, c.relname::text,
 $$;
 
 -- ensure_history_partitions: create the daily partitions (UTC days, named
--- <table>_pYYYYMMDD) of the three tables from the end of the last one up to `through`;
--- returns how many it created. A partition whose range already holds rows in the DEFAULT
--- partition is created apart, the rows moved into it, then attached (CREATE TABLE ...
--- PARTITION OF would refuse it). Creating a partition takes ACCESS EXCLUSIVE on the
+-- <table>_pYYYYMMDD) of the three tables from the end of the last one (when there is none:
+-- from the day of `since`, else today) up to `through`; returns how many it created. A
+-- partition whose range already holds rows in the DEFAULT partition is created apart, the
+-- rows moved into it, then attached (CREATE TABLE ... PARTITION OF would refuse it). Creating a partition takes ACCESS EXCLUSIVE on the
 -- parent for an instant: the caller bounds the wait with lock_timeout.
-CREATE FUNCTION ensure_history_partitions(through timestamptz) RETURNS integer
+CREATE FUNCTION ensure_history_partitions(through timestamptz,
+                                          since timestamptz DEFAULT NULL)
+RETURNS integer
 LANGUAGE plpgsql SET timezone = 'UTC' AS $$
 DECLARE
     tbl text;
@@ -203,7 +205,7 @@ BEGIN
                            ('delivery_attempts', 'started_at') LOOP
         SELECT max(h.upper) INTO lo FROM history_partitions() h
          WHERE h.parent = tbl AND NOT h.is_default;
-        lo := coalesce(lo, date_trunc('day', now()));
+        lo := coalesce(lo, date_trunc('day', coalesce(since, now())));
         WHILE lo < through LOOP
             hi := lo + interval '1 day';
             part := format('%s_p%s', tbl, to_char(lo, 'YYYYMMDD'));

@@ -165,6 +165,7 @@ class Side:
     ordering_keys: list[str] = field(default_factory=list)
     times: list[str] = field(default_factory=list)
     in_flight: int = 0
+    queued_events: frozenset[int] = frozenset()  # with a delivery pending or in flight
 
     def ids(self) -> frozenset[int]:
         return frozenset({self.tenant_id, *self.destinations, *self.events,
@@ -199,7 +200,10 @@ def admin(server: IngressProcess, method: str, path: str, body: object = None,
 
 def restart_ids(db: psycopg.Connection, at: dict[str, int], delivery_id: int) -> None:
     for table, start in at.items():
-        db.execute(f"ALTER TABLE {table} ALTER COLUMN id RESTART WITH {int(start)}")
+        # An identity column's sequence or a plain one owned by the column (events,
+        # delivery_attempts: schema/026).
+        db.execute("SELECT setval(pg_get_serial_sequence(%s, 'id'), %s, false)",
+                   [table, int(start)])
     db.execute("SELECT setval('delivery_id_seq', %s, false)", [delivery_id])
 
 
@@ -275,6 +279,8 @@ def build_side(server: IngressProcess, db: psycopg.Connection, side: Side, mark:
                [f"{mark}-worker", pending[2]])
     side.deliveries = pending
     side.in_flight = pending[2]
+    side.queued_events = frozenset(r[0] for r in db.execute(
+        "SELECT event_id FROM deliveries WHERE tenant_id = %s", [side.tenant_id]))
     rows = db.execute("SELECT created_at FROM events WHERE tenant_id = %s ORDER BY id",
                       [side.tenant_id]).fetchall()
     side.times = [rows[0][0].isoformat(), rows[-1][0].isoformat()]
@@ -320,10 +326,12 @@ _NOT_B = {
     "delivery_minutes": "destination_id NOT IN (SELECT id FROM destinations"
                         " WHERE tenant_id = {b})",
     "event_types": "true",
+    "idempotency_keys": "tenant_id <> {b}",
 }
 # Children first when deleting, parents first when inserting (api_keys -> tenants).
 _DELETE_ORDER = ("delivery_attempts", "delivery_minutes", "deliveries", "finished_deliveries",
-                 "events", "destinations", "api_keys", "tenants", "event_types")
+                 "events", "idempotency_keys", "destinations", "api_keys", "tenants",
+                 "event_types")
 
 
 def save_others(db: psycopg.Connection, b: Side) -> str:
@@ -716,6 +724,8 @@ def expected_status(case: Case, world: World) -> int:
         return 409
     if case.route.operation.id.endswith("replay_delivery") and case.path_id == own.in_flight:
         return 409
+    if op.id == "delete_event_payload" and case.path_id in own.queued_events:
+        return 409  # a delivery still to send needs it
     if foreign_destinations(case, world):
         return 422
     return case.route.success

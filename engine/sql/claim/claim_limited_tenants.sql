@@ -190,7 +190,13 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
   JOIN limited l ON l.tenant_id = c.tenant_id
   JOIN destinations dest ON dest.id = c.destination_id
   -- By (id, created_at): one events partition per row (claim_batch.sql).
-  JOIN events ev ON ev.id = c.event_id AND ev.created_at = c.created_at
+ CROSS JOIN LATERAL (
+       -- LIMIT keeps the subquery from being flattened into a join the planner may make
+       -- a merge join over every partition's index; as a parameterized scan it is pruned
+       -- at run time to the one partition (tests/test_partition_plan.py).
+       SELECT e.payload, e.traceparent FROM events e
+        WHERE e.id = c.event_id AND e.created_at = c.created_at
+        LIMIT 1) ev
   LEFT JOIN rate_booked r ON r.id = c.destination_id
   LEFT JOIN (SELECT destination_id, count(*) AS n FROM claimed
               WHERE holds_slot GROUP BY destination_id) taken
