@@ -279,8 +279,7 @@ def add_burst(tx: psycopg.Connection) -> None:
     """20,000 more first attempts, due now (their events exist already)."""
     tx.execute(
         "INSERT INTO deliveries (event_id, destination_id, tenant_id, created_at)"
-        " SELECT g, 1 + g %% %s, 1, now() - interval '2 days' + g * interval '100 ms'"
-        " FROM generate_series(1, %s) g",
+        " SELECT e.id, 1 + e.id %% %s, 1, e.created_at FROM events e WHERE e.id <= %s",
         (DESTINATIONS, BURST),
     )
 
@@ -513,8 +512,8 @@ def test_locking_capped_destinations_stops_probing_once_it_has_enough(
         " FROM generate_series(1, %s) g", (many - DESTINATIONS,))
     tx.execute("UPDATE destinations SET max_in_flight = 5")
     tx.execute("INSERT INTO deliveries (event_id, destination_id, tenant_id, created_at)"
-               " SELECT id, id, tenant_id, now() - interval '2 days' + id * interval '100 ms'"
-               " FROM destinations")
+               " SELECT d.id, d.id, d.tenant_id, e.created_at"
+               " FROM destinations d JOIN events e ON e.id = d.id")
     tx.execute("ANALYZE destinations, deliveries")
     explained = explain(tx, mode, queries.LOCK_CAPPED_DESTINATIONS, "int, int",
                         list(LOCK_CAPPED))
