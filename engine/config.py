@@ -56,7 +56,12 @@ class Settings:
     breaker_max_pause_ms: int = 3_600_000
     drain_deadline_s: float = 30.0
     max_body_bytes: int = 256 * 1024
+    # History older than this is dropped by whole daily partitions (SPEC, "History and
+    # retention"; engine/maintenance/partitions.py).
     retention_days: float = 30.0
+    # Event payloads and attempts' response bodies older than this are cleared, the rest of
+    # the history kept (engine/maintenance/payload_retention.py); 0: as retention_days.
+    payload_retention_days: float = 0.0
     # A destination whose attempts have all failed this long is disabled (SPEC: 5 days).
     disable_after_s: float = 5 * 86400.0
     data_dir: Path = Path(".engine")
@@ -83,6 +88,11 @@ class Settings:
             raise ConfigError("default_timeout_ms must be positive and at most max_timeout_ms")
         if not 0 <= self.first_attempt_share < 1:
             raise ConfigError("first_attempt_share must be in [0, 1)")
+        if self.retention_days <= 0:
+            raise ConfigError("retention_days must be positive")
+        if not 0 <= self.payload_retention_days <= self.retention_days:
+            raise ConfigError("payload_retention_days must be from 0 (as retention_days) to"
+                              f" retention_days ({self.retention_days:g})")
         if self.disable_after_s <= 0:
             raise ConfigError("disable_after must be a positive duration")
         if self.max_in_flight < 1:
@@ -108,6 +118,11 @@ class Settings:
     def target_allowance(self) -> Allowance:
         """What engine.webhooks.targets may reach besides public addresses."""
         return True if self.allow_private_targets else self.allow_targets
+
+    @property
+    def payload_days(self) -> float:
+        """How long payloads and response bodies are kept."""
+        return self.payload_retention_days or self.retention_days
 
     @property
     def max_attempts(self) -> int:

@@ -12,6 +12,10 @@ CREATE SEQUENCE claim_token_seq AS bigint;
 
 CREATE SEQUENCE egress_revision_seq AS bigint;
 
+CREATE SEQUENCE events_id_seq AS bigint;
+
+CREATE SEQUENCE delivery_attempts_id_seq AS bigint;
+
 CREATE TABLE destinations (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     url text NOT NULL,
@@ -67,25 +71,6 @@ CREATE INDEX destinations_filtered_tenant_idx ON destinations (tenant_id) WHERE 
 CREATE INDEX destinations_rate_limited_idx ON destinations (id) WHERE (rate_limit IS NOT NULL);
 CREATE INDEX destinations_tenant_idx ON destinations (tenant_id, id) WHERE (deleted_at IS NULL);
 
-CREATE TABLE events (
-    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
-    type text NOT NULL,
-    payload text NOT NULL,
-    ordering_key text,
-    idempotency_key text,
-    request_hash bytea,
-    delivery_count integer NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    tenant_id bigint DEFAULT 1 NOT NULL,
-    channels text[],
-    traceparent text,
-    CONSTRAINT events_pkey PRIMARY KEY (id)
-);
-CREATE INDEX events_created_at_idx ON events USING brin (created_at);
-CREATE INDEX events_tenant_created_idx ON events (tenant_id, created_at, id);
-CREATE UNIQUE INDEX events_tenant_idempotency_idx ON events (tenant_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
-CREATE INDEX events_tenant_type_created_idx ON events (tenant_id, type, created_at, id);
-
 CREATE TABLE deliveries (
     id bigint DEFAULT nextval('delivery_id_seq'::regclass) NOT NULL,
     event_id bigint NOT NULL,
@@ -120,44 +105,6 @@ CREATE INDEX deliveries_event_idx ON deliveries (event_id);
 CREATE INDEX deliveries_in_flight_idx ON deliveries (locked_until) WHERE (status = 'in_flight'::delivery_status);
 CREATE INDEX deliveries_ordering_idx ON deliveries (destination_id, ordering_key, id) WHERE (ordering_key IS NOT NULL);
 CREATE INDEX deliveries_tenant_due_idx ON deliveries (tenant_id, next_attempt_at) WHERE (status = 'pending'::delivery_status);
-
-CREATE TABLE finished_deliveries (
-    id bigint NOT NULL,
-    event_id bigint NOT NULL,
-    destination_id bigint NOT NULL,
-    status delivery_status NOT NULL,
-    attempt smallint NOT NULL,
-    next_attempt_at timestamp with time zone NOT NULL,
-    ordering_key text,
-    last_error text,
-    created_at timestamp with time zone NOT NULL,
-    completed_at timestamp with time zone DEFAULT now() NOT NULL,
-    tenant_id bigint NOT NULL,
-    CONSTRAINT finished_deliveries_status_check CHECK ((status = ANY (ARRAY['delivered'::delivery_status, 'dead'::delivery_status]))),
-    CONSTRAINT finished_deliveries_pkey PRIMARY KEY (id)
-);
-CREATE INDEX finished_deliveries_completed_idx ON finished_deliveries USING brin (completed_at);
-CREATE INDEX finished_deliveries_dead_id_idx ON finished_deliveries (destination_id, id) WHERE (status = 'dead'::delivery_status);
-CREATE INDEX finished_deliveries_dead_idx ON finished_deliveries (destination_id, completed_at) WHERE (status = 'dead'::delivery_status);
-CREATE INDEX finished_deliveries_destination_idx ON finished_deliveries (destination_id, id);
-CREATE INDEX finished_deliveries_event_idx ON finished_deliveries (event_id);
-CREATE INDEX finished_deliveries_tenant_dead_idx ON finished_deliveries (tenant_id, id) WHERE (status = 'dead'::delivery_status);
-CREATE INDEX finished_deliveries_tenant_idx ON finished_deliveries (tenant_id, id);
-
-CREATE TABLE delivery_attempts (
-    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
-    delivery_id bigint NOT NULL,
-    attempt smallint NOT NULL,
-    started_at timestamp with time zone NOT NULL,
-    duration_ms integer,
-    status_code smallint,
-    response_body text,
-    error text,
-    destination_id bigint,
-    CONSTRAINT delivery_attempts_pkey PRIMARY KEY (id)
-);
-CREATE INDEX delivery_attempts_delivery_idx ON delivery_attempts (delivery_id, id);
-CREATE INDEX delivery_attempts_started_idx ON delivery_attempts USING brin (started_at);
 
 CREATE TABLE delivery_minutes (
     minute timestamp with time zone NOT NULL,
@@ -262,4 +209,83 @@ CREATE TABLE oauth_tokens (
     expires_at timestamp with time zone NOT NULL,
     CONSTRAINT oauth_tokens_destination_id_fkey FOREIGN KEY (destination_id) REFERENCES destinations(id) ON DELETE CASCADE,
     CONSTRAINT oauth_tokens_pkey PRIMARY KEY (destination_id)
+);
+
+CREATE TABLE history_cutover (
+    only_row boolean DEFAULT true NOT NULL,
+    cutover_at timestamp with time zone NOT NULL,
+    CONSTRAINT history_cutover_only_row_check CHECK (only_row),
+    CONSTRAINT history_cutover_pkey PRIMARY KEY (only_row)
+);
+
+CREATE TABLE idempotency_keys (
+    tenant_id bigint NOT NULL,
+    idempotency_key text NOT NULL,
+    event_id bigint NOT NULL,
+    event_created_at timestamp with time zone NOT NULL,
+    request_hash bytea,
+    delivery_count integer NOT NULL,
+    CONSTRAINT idempotency_keys_pkey PRIMARY KEY (tenant_id, idempotency_key)
+);
+CREATE INDEX idempotency_keys_event_created_idx ON idempotency_keys (event_created_at);
+
+CREATE TABLE events (
+    id bigint DEFAULT nextval('events_id_seq'::regclass) NOT NULL,
+    type text NOT NULL,
+    payload text,
+    ordering_key text,
+    idempotency_key text,
+    request_hash bytea,
+    delivery_count integer NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    tenant_id bigint DEFAULT 1 NOT NULL,
+    channels text[],
+    traceparent text,
+    CONSTRAINT events_pkey PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
+CREATE INDEX events_tenant_created_idx ON events (tenant_id, created_at, id);
+CREATE INDEX events_tenant_type_created_idx ON events (tenant_id, type, created_at, id);
+
+CREATE TABLE finished_deliveries (
+    id bigint NOT NULL,
+    event_id bigint NOT NULL,
+    destination_id bigint NOT NULL,
+    status delivery_status NOT NULL,
+    attempt smallint NOT NULL,
+    next_attempt_at timestamp with time zone NOT NULL,
+    ordering_key text,
+    last_error text,
+    created_at timestamp with time zone NOT NULL,
+    completed_at timestamp with time zone DEFAULT now() NOT NULL,
+    tenant_id bigint NOT NULL,
+    CONSTRAINT finished_deliveries_status_check CHECK ((status = ANY (ARRAY['delivered'::delivery_status, 'dead'::delivery_status]))),
+    CONSTRAINT finished_deliveries_pkey PRIMARY KEY (id, completed_at)
+) PARTITION BY RANGE (completed_at);
+CREATE INDEX finished_deliveries_dead_id_idx ON finished_deliveries (destination_id, id) WHERE (status = 'dead'::delivery_status);
+CREATE INDEX finished_deliveries_dead_idx ON finished_deliveries (destination_id, completed_at) WHERE (status = 'dead'::delivery_status);
+CREATE INDEX finished_deliveries_destination_idx ON finished_deliveries (destination_id, id);
+CREATE INDEX finished_deliveries_event_idx ON finished_deliveries (event_id);
+CREATE INDEX finished_deliveries_tenant_dead_idx ON finished_deliveries (tenant_id, id) WHERE (status = 'dead'::delivery_status);
+CREATE INDEX finished_deliveries_tenant_idx ON finished_deliveries (tenant_id, id);
+
+CREATE TABLE delivery_attempts (
+    id bigint DEFAULT nextval('delivery_attempts_id_seq'::regclass) NOT NULL,
+    delivery_id bigint NOT NULL,
+    attempt smallint NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    duration_ms integer,
+    status_code smallint,
+    response_body text,
+    error text,
+    destination_id bigint,
+    CONSTRAINT delivery_attempts_pkey PRIMARY KEY (id, started_at)
+) PARTITION BY RANGE (started_at);
+CREATE INDEX delivery_attempts_delivery_idx ON delivery_attempts (delivery_id, id);
+
+CREATE TABLE payload_sweeps (
+    partition text NOT NULL,
+    after_id bigint DEFAULT 0 NOT NULL,
+    left_some boolean DEFAULT false NOT NULL,
+    complete boolean DEFAULT false NOT NULL,
+    CONSTRAINT payload_sweeps_pkey PRIMARY KEY (partition)
 );

@@ -55,7 +55,10 @@ def record(db: psycopg.Connection, outcomes: dict[int, tuple[str, int | None, in
 
 
 def set_created(db: psycopg.Connection, event_ids: list[int], at: dt.datetime) -> None:
+    """Move events in time with their deliveries, whose created_at is their event's (the
+    claim finds the event by both, claim_batch.sql)."""
     db.execute("UPDATE events SET created_at = %s WHERE id = ANY(%s)", (at, event_ids))
+    db.execute("UPDATE deliveries SET created_at = %s WHERE event_id = ANY(%s)", (at, event_ids))
 
 
 def test_events_list_newest_first_by_type_and_time(

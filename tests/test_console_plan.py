@@ -31,6 +31,7 @@ from tests.test_claim_plan import (
     HISTORY_TABLES,
     PLAN_MODES,
     Plan,
+    as_parents,
     explain,
     filled_database,
     nodes,
@@ -266,7 +267,7 @@ def test_window_statistics_read_the_rollup_not_the_attempts(
 def explain_plain(tx: psycopg.Connection, statement: Statement) -> Plan:
     row = tx.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.sql).fetchone()
     assert row is not None
-    return dict(row[0][0])
+    return as_parents(tx, dict(row[0][0]))
 
 
 CONSOLE_REQUESTS = (

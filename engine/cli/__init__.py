@@ -83,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--disable-after",
         help="disable a destination whose attempts have all failed this long (default 5d)",
     )
+    parser.add_argument(
+        "--retention-days", type=float,
+        help="drop history (events, finished deliveries, attempts) older than this, by"
+             " whole daily partitions (default 30; env ENGINE_RETENTION_DAYS)",
+    )
+    parser.add_argument(
+        "--payload-retention-days", type=float,
+        help="clear event payloads and response bodies older than this, keeping the rest"
+             " (at most --retention-days; default: the same; env"
+             " ENGINE_PAYLOAD_RETENTION_DAYS)",
+    )
     parser.add_argument("--max-in-flight", type=int, help="concurrent requests per worker")
     parser.add_argument("--lease", help="claim lease, e.g. 60s (must exceed max timeout + 15s)")
     parser.add_argument("--max-timeout", help="longest per-destination request timeout, e.g. 30s")
@@ -123,6 +134,7 @@ _SETTING_FLAGS = {
     "strict_event_types": "strict_event_types",
     "worker_synchronous_commit": "worker_synchronous_commit",
     "egress_proxy": "egress_proxy", "ca_bundle": "ca_bundle",
+    "retention_days": "retention_days", "payload_retention_days": "payload_retention_days",
 }
 
 

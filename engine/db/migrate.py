@@ -139,10 +139,21 @@ def _apply(conn: psycopg.Connection, migration: Migration,
 
 
 def _statements(sql: str) -> list[str]:
-    """A no-transaction file's statements: split at each `;` that ends a line (such a
-    file holds plain DDL, no function bodies)."""
+    """A no-transaction file's statements: split at each `;` that ends a line outside a
+    dollar-quoted body (`DO $$ ... $$;`, whose statements end lines too: such a block is one
+    statement, and may COMMIT between the batches it works through, schema/025)."""
     lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
-    return [s.strip() for s in re.split(r";\s*$", "\n".join(lines), flags=re.M) if s.strip()]
+    statements: list[str] = []
+    current: list[str] = []
+    quoted = False
+    for line in lines:
+        current.append(line)
+        quoted ^= line.count("$$") % 2 == 1
+        if not quoted and re.search(r";\s*$", line):
+            statements.append(re.sub(r";\s*$", "", "\n".join(current)).strip())
+            current = []
+    statements.append("\n".join(current).strip())
+    return [s for s in statements if s]
 
 
 def schema_version(dsn: str) -> tuple[int, str | None]:

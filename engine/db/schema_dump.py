@@ -49,12 +49,13 @@ def dump_schema(conn: psycopg.Connection) -> str:
         parts.append(f"CREATE SEQUENCE {name} AS {data_type};\n")
     tables = queries.SCHEMA_TABLES.run_sync(
         conn, SchemaTablesParams(left_out=list(_NOT_SCHEMA))).fetchall()
-    for oid, name, options in tables:
-        parts.append(_table(conn, oid, name, options))
+    for oid, name, options, partition_key in tables:
+        parts.append(_table(conn, oid, name, options, partition_key))
     return "\n".join(parts)
 
 
-def _table(conn: psycopg.Connection, oid: int, name: str, options: list[str] | None) -> str:
+def _table(conn: psycopg.Connection, oid: int, name: str, options: list[str] | None,
+           partition_key: str | None) -> str:
     lines = []
     table = TableOidParams(table_oid=oid)
     for column, data_type, not_null, default, identity in queries.SCHEMA_COLUMNS.run_sync(
@@ -70,11 +71,14 @@ def _table(conn: psycopg.Connection, oid: int, name: str, options: list[str] | N
         lines.append(text)
     for constraint, definition in queries.SCHEMA_CONSTRAINTS.run_sync(conn, table):
         lines.append(f"    CONSTRAINT {constraint} {definition}")
-    out = f"CREATE TABLE {name} (\n" + ",\n".join(lines) + "\n);\n"
+    partitioned = f" PARTITION BY {partition_key}" if partition_key else ""
+    out = f"CREATE TABLE {name} (\n" + ",\n".join(lines) + f"\n){partitioned};\n"
     if options:
         settings = ",\n".join(f"    {option}" for option in sorted(options))
         out += f"ALTER TABLE {name} SET (\n{settings}\n);\n"
     for (definition,) in queries.SCHEMA_INDEXES.run_sync(conn, table):
+        # A partitioned table's index reads "ON ONLY": its partitions' are not shown.
+        definition = definition.replace(" ON ONLY public.", " ON ")
         out += definition.replace(" ON public.", " ON ").replace(" USING btree", "") + ";\n"
     return out
 

@@ -177,9 +177,48 @@ class ReplayDeadParams(NamedTuple):
     batch_limit: int
 
 
-class RetentionBatchParams(NamedTuple):
-    cutoff: object  # datetime
+class LockTimeoutLocalParams(NamedTuple):
+    lock_timeout: str  # a PostgreSQL duration: '200ms'
+
+
+class PartitionsEnsureParams(NamedTuple):
+    days_ahead: int
+
+
+class PartitionsDroppableParams(NamedTuple):
+    cutoff: dt.datetime
+    table: str
+
+
+class PartitionDropParams(NamedTuple):
+    partition: str
+
+
+class BatchLimitParams(NamedTuple):
     batch_limit: int
+
+
+class PayloadSweepParams(NamedTuple):
+    lower: dt.datetime | None
+    upper: dt.datetime
+    after_id: int
+    batch_limit: int
+
+
+class PayloadSweepsReadParams(NamedTuple):
+    cutoff: dt.datetime
+
+
+class PayloadSweepsSaveParams(NamedTuple):
+    partition: str
+    after_id: int
+    left_some: bool
+    complete: bool
+
+
+class EventPayloadDeleteParams(NamedTuple):
+    event_id: int
+    created_at: dt.datetime
 
 
 class BreakerDeferParams(NamedTuple):
@@ -195,7 +234,7 @@ class AutoDisableParams(NamedTuple):
 
 
 class RetentionMinutesParams(NamedTuple):
-    cutoff: object  # datetime: retention_finished's
+    cutoff: object  # datetime: retention_cutoff.sql's
     batch_limit: int
     kept_seconds: float
 

@@ -386,6 +386,17 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, EventTypeApi, PortalApi)
     async def read_event(self, request: Request) -> Response:
         return await self._read_by_path_id(request, store.read_event, "event")
 
+    async def delete_event_payload(self, request: Request) -> Response:
+        assert request.path_id is not None
+        async with self._connection() as conn:
+            removed = await store.delete_event_payload(conn, request.tenant, request.path_id)
+        if removed is None:
+            raise errors.not_found("event")
+        if not removed:
+            raise errors.conflict("a delivery of the event is pending or in flight: its"
+                                  " payload is still to be sent")
+        return Response(204)
+
     # Deliveries ------------------------------------------------------------------------
 
     async def list_deliveries(self, request: Request) -> Response:
@@ -419,7 +430,8 @@ class IngressApp(DestinationApi, ConsoleApi, TenantApi, EventTypeApi, PortalApi)
         if delivery is None:
             raise errors.not_found("delivery")
         if not replayed:
-            raise errors.conflict("the delivery is in flight; replay it once it finishes")
+            raise errors.conflict("the delivery is in flight (replay it once it finishes), or"
+                                  " its event's payload was removed")
         return json_response(202, delivery)
 
     # Operations ------------------------------------------------------------------------

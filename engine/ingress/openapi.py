@@ -127,6 +127,12 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("read_event", "GET", "/v1/events/{id}", "Read an event with its deliveries",
               200, s.Event, errors=(404, *_DB),
               tenant_scoped=True),
+    Operation("delete_event_payload", "DELETE", "/v1/events/{id}/payload",
+              "Remove an event's payload at once, keeping the event and its deliveries'"
+              " history (it then reads null, and its deliveries cannot be replayed);"
+              " 409 while a delivery of it is pending or in flight",
+              204, None, errors=(404, 409, *_DB),
+              access="manage", tenant_scoped=True),
     Operation("list_deliveries", "GET", "/v1/deliveries", "List deliveries, newest first",
               200, s.DeliveryPage,
               query=(

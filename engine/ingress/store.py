@@ -16,6 +16,7 @@ from engine.db.sql_params import (
     ApiDestinationCreateParams,
     ApiDestinationDeliveriesListParams,
     ApiDestinationPatchParams,
+    EventPayloadDeleteParams,
     TenantDeliveryParams,
     TenantDestinationParams,
     TenantEventParams,
@@ -205,6 +206,21 @@ async def delete_destination(
         destination_id=destination_id, tenant_id=tenant.id)) is not None
 
 
+async def delete_event_payload(
+    conn: AsyncConnection, tenant: TenantScope, event_id: int
+) -> bool | None:
+    """Remove one of the tenant's events' payload: True when removed (or already gone),
+    False when a queued delivery still needs it, None for an unknown id or another
+    tenant's. One transaction: the event is locked first (event_payload_lock.sql says why)."""
+    async with conn.transaction():
+        locked = await _fetchone(conn, queries.EVENT_PAYLOAD_LOCK, TenantEventParams(
+            event_id=event_id, tenant_id=tenant.id))
+        if locked is None:
+            return None
+        return await _fetchone(conn, queries.EVENT_PAYLOAD_DELETE, EventPayloadDeleteParams(
+            event_id=event_id, created_at=locked[0])) is not None
+
+
 async def _row_with_its_rows(
     conn: AsyncConnection, read: Statement, read_its_rows: Statement, key: tuple,
     build: Callable[[tuple, list[tuple]], Built],
@@ -221,8 +237,10 @@ async def _row_with_its_rows(
 async def read_event(conn: AsyncConnection, tenant: TenantScope, event_id: int) -> Event | None:
     def event(row: tuple, rows: list[tuple]) -> Event:
         event_id, type_, payload, ordering_key, idempotency_key, created_at, channels = row
+        # A removed payload (payload retention, DELETE /v1/events/{id}/payload) reads null.
+        body = msgspec.Raw(payload.encode() if payload is not None else b"null")
         return Event(
-            event_id, type_, msgspec.Raw(payload.encode()), ordering_key, idempotency_key,
+            event_id, type_, body, ordering_key, idempotency_key,
             created_at, [Delivery(*r, tenant.uid) for r in rows], tenant.uid, channels,
         )
 

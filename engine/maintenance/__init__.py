@@ -5,8 +5,11 @@ others poll to take over (loop.py). One module per job, each the same shape: a s
 dataclass, `run_once(conn, settings, ...)` returning a report of what it did, run by the
 loop every `settings.interval_s`, each in bounded batches of short transactions:
 - reaper.py: claims whose lease ran out (a lost host) go back to pending;
-- retention.py: finished deliveries, their attempts and then unreferenced events older
-  than `retention_days` are deleted;
+- partitions.py: the history tables' daily partitions are created ahead and dropped once
+  older than `retention_days` (an events partition only once no delivery refers to it);
+- payload_retention.py: payloads and response bodies older than `payload_retention_days`
+  are cleared, keeping the rest of the history;
+- retention.py: the console's per-minute rollup rows past their time are deleted;
 - breaker_defer.py: due deliveries of destinations whose breaker is open move to the end
   of the pause, out of the claim's way (engine/sql/maintenance/breaker_defer.sql);
 - auto_disable.py: destinations whose attempts have all failed for `disable_after` are

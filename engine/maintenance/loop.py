@@ -18,6 +18,8 @@ from engine.maintenance import (
     auto_disable,
     breaker_defer,
     fold_minutes,
+    partitions,
+    payload_retention,
     reaper,
     retention,
     stalled_claims,
@@ -42,6 +44,8 @@ def _jobs(settings: Settings, leadership: Leadership) -> list[Job]:
     disabling = auto_disable.AutoDisableSettings(settings.disable_after_s)
     deferring = breaker_defer.BreakerDeferSettings()
     retaining = retention.RetentionSettings(settings.retention_days)
+    partitioning = partitions.PartitionSettings(settings.retention_days)
+    clearing = payload_retention.PayloadRetentionSettings(settings.payload_days)
     folding = fold_minutes.FoldMinutesSettings()
     unstalling = stalled_claims.StalledClaimsSettings()
     return [
@@ -54,6 +58,10 @@ def _jobs(settings: Settings, leadership: Leadership) -> list[Job]:
             breaker_defer.run_once, settings=deferring, keep_going=leadership.heartbeat)),
         Job("fold_minutes", folding.interval_s, partial(
             fold_minutes.run_once, settings=folding, keep_going=leadership.heartbeat)),
+        Job("partitions", partitioning.interval_s, partial(
+            partitions.run_once, settings=partitioning, keep_going=leadership.heartbeat)),
+        Job("payload_retention", clearing.interval_s, partial(
+            payload_retention.run_once, settings=clearing, keep_going=leadership.heartbeat)),
         Job("retention", retaining.interval_s, partial(
             retention.run_once, settings=retaining, keep_going=leadership.heartbeat)),
     ]

@@ -1,6 +1,7 @@
-"""Retention: old finished deliveries, their attempts, then events nothing refers to, then
-the console's per-minute rollup rows past its longest window, removed in bounded batches,
-each its own short transaction."""
+"""Retention of the console's per-minute rollup: delivery_minutes rows past its longest
+window (or past the retention cutoff, when sooner) are deleted in bounded batches, each its
+own short transaction. The history tables (events, finished deliveries, attempts) are not
+deleted from: they are dropped by whole partitions (partitions.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,7 @@ from psycopg import Connection
 
 from engine.db import queries
 from engine.db.database import repeat_until_short
-from engine.db.queries import Statement
-from engine.db.sql_params import (
-    RetentionBatchParams,
-    RetentionCutoffParams,
-    RetentionMinutesParams,
-)
+from engine.db.sql_params import RetentionCutoffParams, RetentionMinutesParams
 from engine.maintenance.budget import within_budget
 
 RETENTION_BATCH = 1000
@@ -36,9 +32,6 @@ class RetentionSettings:
 
 @dataclass
 class RetentionReport:
-    finished_deliveries: int = 0
-    delivery_attempts: int = 0
-    events: int = 0
     delivery_minutes: int = 0
     batches: int = 0
     complete: bool = True  # False: stopped by the time budget, more is left for next run
@@ -46,6 +39,7 @@ class RetentionReport:
 
 
 def cutoff_for(conn: Connection, retention_days: float) -> dt.datetime:
+    """The database's now minus `retention_days`: every host's jobs cut at the same time."""
     row = queries.RETENTION_CUTOFF.run_sync(
         conn, RetentionCutoffParams(retention_seconds=retention_days * 86400.0)).fetchone()
     assert row is not None
@@ -56,42 +50,20 @@ def run_retention(
     conn: Connection, retention_days: float, batch: int = RETENTION_BATCH,
     budget_s: float = 30.0, keep_going: Callable[[], bool] = lambda: True,
 ) -> RetentionReport:
-    """Delete what is older than `retention_days`, a batch at a time, for at most
-    `budget_s` (the rest waits for the next run) and while `keep_going()`."""
+    """Delete rollup rows past their time, a batch at a time, for at most `budget_s` (the
+    rest waits for the next run) and while `keep_going()`."""
     report = RetentionReport(retention_days=retention_days)
-    cutoff = cutoff_for(conn, retention_days)
-    params = RetentionBatchParams(cutoff=cutoff, batch_limit=batch)
-    minutes_params = RetentionMinutesParams(
-        cutoff=cutoff, batch_limit=batch, kept_seconds=MINUTES_KEPT_S)
+    params = RetentionMinutesParams(cutoff=cutoff_for(conn, retention_days),
+                                    batch_limit=batch, kept_seconds=MINUTES_KEPT_S)
 
-    def finished_batch() -> int:
+    def one_batch() -> int:
         with conn.transaction():
-            row = queries.RETENTION_FINISHED.run_sync(conn, params).fetchone()
-        removed = int(row[0]) if row else 0
-        report.finished_deliveries += removed
-        report.delivery_attempts += int(row[1]) if row else 0
+            removed = queries.RETENTION_MINUTES.run_sync(conn, params).rowcount
+        report.delivery_minutes += removed
         report.batches += 1
         return removed
 
-    def rowcount_batch(statement: Statement, statement_params: tuple,
-                       counted: str) -> Callable[[], int]:
-        """A batch of `statement`, whose row count adds to the report's field `counted`."""
-        def one_batch() -> int:
-            with conn.transaction():
-                removed = statement.run_sync(conn, statement_params).rowcount
-            setattr(report, counted, getattr(report, counted) + removed)
-            report.batches += 1
-            return removed
-        return one_batch
-
-    in_budget = within_budget(budget_s, keep_going)
-    batches = (finished_batch,
-               rowcount_batch(queries.RETENTION_EVENTS, params, "events"),
-               rowcount_batch(queries.RETENTION_MINUTES, minutes_params, "delivery_minutes"))
-    for one_batch in batches:
-        if not repeat_until_short(one_batch, batch, in_budget)[1]:
-            report.complete = False
-            return report
+    report.complete = repeat_until_short(one_batch, batch, within_budget(budget_s, keep_going))[1]
     return report
 
 

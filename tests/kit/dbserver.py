@@ -20,7 +20,8 @@ from engine.db.migrate import migrate
 from engine.testing.pgserver import throwaway_server
 
 TABLES = ("delivery_attempts", "finished_deliveries", "deliveries", "events", "destinations",
-          "delivery_minutes", "api_keys", "tenants", "portal_signing_keys", "event_types")
+          "delivery_minutes", "api_keys", "tenants", "portal_signing_keys", "event_types",
+          "idempotency_keys", "payload_sweeps")
 
 
 @contextmanager

@@ -19,6 +19,14 @@
 -- reaches a destination only if its payload matches"); event types filter fan-out only.
 -- Returns one row per event position: its id and delivery count, or a NULL id when its
 -- idempotency key already exists (the caller then reads the first answer).
+-- Idempotency keys live in idempotency_keys (schema/025: events is partitioned by
+-- created_at, and a unique index on it must hold created_at): `keyed` claims each key of
+-- the batch there (ON CONFLICT DO NOTHING waits for a concurrent claim of the same key, as
+-- the unique index on events did), and an event with a key is written only if its key was
+-- claimed by it. An event without a key costs nothing more: `keyed` is empty.
+-- Each delivery's created_at is its event's (both now(), one statement): the claim finds
+-- the event by (id, created_at), which run-time pruning turns into one partition
+-- (claim_batch.sql).
 -- Ids are drawn up front so deliveries can refer to their event without relying on the
 -- order of RETURNING rows. The sequence by name, as a constant: pg_get_serial_sequence()
 -- here ran once per event, each a catalog lookup (a tenth of a 1000-event batch).
@@ -82,20 +90,30 @@ WITH incoming AS (
     -- Counted once, grouped: a count subquery per event would rescan `target` for every
     -- event (quadratic: 150 ms of a 1000-event batch).
     SELECT event_id, count(*) AS deliveries FROM target GROUP BY event_id
-), inserted AS (
-    INSERT INTO events (id, type, payload, ordering_key, idempotency_key, request_hash,
-                        delivery_count, tenant_id, channels, traceparent)
-    OVERRIDING SYSTEM VALUE
-    SELECT i.id, i.type, i.payload, i.ordering_key, i.idempotency_key, i.request_hash,
-           coalesce(c.deliveries, 0), i.tenant_id, i.channels, i.traceparent
+), keyed AS (
+    INSERT INTO idempotency_keys (tenant_id, idempotency_key, event_id, event_created_at,
+                                  request_hash, delivery_count)
+    SELECT i.tenant_id, i.idempotency_key, i.id, now(), i.request_hash,
+           coalesce(c.deliveries, 0)
       FROM incoming i
       LEFT JOIN counted c ON c.event_id = i.id
+     WHERE i.idempotency_key IS NOT NULL
      ORDER BY i.ord
-        ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+ RETURNING event_id
+), inserted AS (
+    INSERT INTO events (id, type, payload, ordering_key, idempotency_key, request_hash,
+                        delivery_count, tenant_id, channels, traceparent, created_at)
+    SELECT i.id, i.type, i.payload, i.ordering_key, i.idempotency_key, i.request_hash,
+           coalesce(c.deliveries, 0), i.tenant_id, i.channels, i.traceparent, now()
+      FROM incoming i
+      LEFT JOIN counted c ON c.event_id = i.id
+     WHERE i.idempotency_key IS NULL OR i.id IN (SELECT event_id FROM keyed)
+     ORDER BY i.ord
  RETURNING id, delivery_count
 ), fanned_out AS (
-    INSERT INTO deliveries (event_id, destination_id, ordering_key, tenant_id)
-    SELECT t.event_id, t.destination_id, t.ordering_key, t.tenant_id
+    INSERT INTO deliveries (event_id, destination_id, ordering_key, tenant_id, created_at)
+    SELECT t.event_id, t.destination_id, t.ordering_key, t.tenant_id, now()
       FROM target t
       JOIN inserted ins ON ins.id = t.event_id
      ORDER BY t.event_id, t.destination_id

@@ -4,14 +4,18 @@
 --   $1 destination_id bigint, $2 since timestamptz (NULL: any age),
 --   $3 until timestamptz (when the replay began: what dies again meanwhile is not
 --      replayed again by the same request), $4 batch limit int
+-- A delivery whose event's payload was removed is not replayed (replay_delivery.sql).
 WITH batch AS (
-    SELECT id
-      FROM finished_deliveries
-     WHERE destination_id = $1 AND status = 'dead'
-       AND completed_at >= coalesce($2, '-infinity'::timestamptz)
-       AND completed_at <= $3
-     ORDER BY completed_at
+    SELECT f.id
+      FROM finished_deliveries f
+      JOIN events e ON e.id = f.event_id AND e.created_at = f.created_at
+     WHERE f.destination_id = $1 AND f.status = 'dead'
+       AND f.completed_at >= coalesce($2, '-infinity'::timestamptz)
+       AND f.completed_at <= $3
+       AND e.payload IS NOT NULL
+     ORDER BY f.completed_at
      LIMIT $4
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF f SKIP LOCKED
+       FOR SHARE OF e SKIP LOCKED
 )
 SELECT count(*) FROM requeue_finished(ARRAY(SELECT id FROM batch))

@@ -93,6 +93,10 @@
 -- claimed by claim_limited_tenants.sql, the statement before this one, within their
 -- limits (docs/decisions/0029), and $2 is what that left. A deleted tenant's destinations
 -- are deleted with it (tenant_delete.sql).
+-- The event is found by (id, created_at): a delivery's created_at is its event's
+-- (enqueue_events.sql writes both with one now(); replays and moves copy it), and events
+-- is partitioned by created_at (schema/026), so run-time pruning reads one partition's
+-- primary key per claimed row instead of every partition's (tests/test_partition_plan.py).
 WITH RECURSIVE set_aside_tenants AS (
     -- tenants_set_aside_idx (schema/019): one descent, none found in the common case.
     SELECT array(SELECT id FROM tenants
@@ -349,7 +353,8 @@ WITH RECURSIVE set_aside_tenants AS (
            claim_token = (SELECT nextval('claim_token_seq')),
            holds_slot = d.destination_id = ANY ($5::bigint[])
      WHERE d.id = ANY (ARRAY(SELECT id FROM chosen))
- RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.holds_slot, d.claim_token
+ RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.holds_slot, d.claim_token,
+           d.created_at
 ), slots_taken AS (
     UPDATE destinations dest
        SET in_flight = dest.in_flight + t.n
@@ -383,7 +388,13 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
        (SELECT tenant_id FROM fair_shares ORDER BY k DESC LIMIT 1) AS tenant_cursor
   FROM claimed c
   JOIN destinations dest ON dest.id = c.destination_id
-  JOIN events ev ON ev.id = c.event_id
+ CROSS JOIN LATERAL (
+       -- LIMIT keeps the subquery from being flattened into a join the planner may make
+       -- a merge join over every partition's index; as a parameterized scan it is pruned
+       -- at run time to the one partition (tests/test_partition_plan.py).
+       SELECT e.payload, e.traceparent FROM events e
+        WHERE e.id = c.event_id AND e.created_at = c.created_at
+        LIMIT 1) ev
   JOIN (SELECT destination_id, min(id) AS first_id, count(*) FILTER (WHERE holds_slot) AS n
           FROM claimed GROUP BY destination_id) taken
     ON taken.destination_id = c.destination_id

@@ -159,7 +159,7 @@ WITH limited AS (
       JOIN limited l ON l.tenant_id = k.tenant_id
      WHERE d.id = k.id
  RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.holds_slot, d.claim_token,
-           d.tenant_id, d.holds_tenant_slot
+           d.tenant_id, d.holds_tenant_slot, d.created_at
 ), tenants_taken AS (
     UPDATE tenants t
        SET in_flight = t.in_flight + u.n
@@ -189,7 +189,14 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
   FROM claimed c
   JOIN limited l ON l.tenant_id = c.tenant_id
   JOIN destinations dest ON dest.id = c.destination_id
-  JOIN events ev ON ev.id = c.event_id
+  -- By (id, created_at): one events partition per row (claim_batch.sql).
+ CROSS JOIN LATERAL (
+       -- LIMIT keeps the subquery from being flattened into a join the planner may make
+       -- a merge join over every partition's index; as a parameterized scan it is pruned
+       -- at run time to the one partition (tests/test_partition_plan.py).
+       SELECT e.payload, e.traceparent FROM events e
+        WHERE e.id = c.event_id AND e.created_at = c.created_at
+        LIMIT 1) ev
   LEFT JOIN rate_booked r ON r.id = c.destination_id
   LEFT JOIN (SELECT destination_id, count(*) AS n FROM claimed
               WHERE holds_slot GROUP BY destination_id) taken

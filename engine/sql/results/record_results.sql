@@ -93,11 +93,13 @@ WITH result AS (
        AND d.claim_token IS NOT DISTINCT FROM coalesce(r.claim_token, d.claim_token)
        AND r.outcome IN ('retry', 'gone', 'released')
  RETURNING d.id, d.destination_id, r.outcome, d.holds_slot, d.event_id, d.tenant_id,
-           d.holds_tenant_slot
+           d.holds_tenant_slot, d.created_at
 ), applied AS (
-    SELECT id, destination_id, outcome, event_id FROM finished
+    -- created_at: the event's too, which finds it in one partition (claim_batch.sql).
+    SELECT id, destination_id, outcome, event_id, created_at FROM finished
     UNION ALL
-    SELECT id, destination_id, outcome, event_id FROM requeued WHERE outcome <> 'released'
+    SELECT id, destination_id, outcome, event_id, created_at FROM requeued
+     WHERE outcome <> 'released'
 ), history AS (
     INSERT INTO delivery_attempts
            (delivery_id, destination_id, attempt, started_at, duration_ms, status_code,
@@ -287,7 +289,7 @@ WITH result AS (
     -- when a breaker opened or recovered (a hashed subplan of the branches below).
     SELECT DISTINCT a.destination_id
       FROM applied a
-      JOIN events ev ON ev.id = a.event_id
+      JOIN events ev ON ev.id = a.event_id AND ev.created_at = a.created_at
      WHERE ev.type NOT LIKE 'engine.%'
 ), operational AS (
     -- The operational events this batch causes (engine/observe/operational_events.py), enqueued
@@ -321,7 +323,7 @@ WITH result AS (
                'event_type', ev.type, 'destination_id', f.destination_id,
                'attempts', f.attempt, 'time', now(), 'reason', left(f.error, 500))::text
       FROM finished f
-      JOIN events ev ON ev.id = f.event_id
+      JOIN events ev ON ev.id = f.event_id AND ev.created_at = f.created_at
      WHERE f.outcome = 'dead' AND ev.type NOT LIKE 'engine.%'
 ), operational_enqueued AS (
     -- Not a data-modifying CTE: it runs because the final SELECT reads it.

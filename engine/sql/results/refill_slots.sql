@@ -32,6 +32,10 @@
 -- Only healthy destinations: the breaker closed (this snapshot sees what the batch did to
 -- it), not disabled, paused or deleted, nor of a disabled tenant, and not rate-limited (their sends are booked by
 -- take_rate_tokens.sql in the claim). Ordering keys are kept as in claim_batch.sql.
+-- The event is found by (id, created_at): a delivery's created_at is its event's
+-- (enqueue_events.sql writes both with one now(); replays and moves copy it), and events
+-- is partitioned by created_at (schema/026), so run-time pruning reads one partition's
+-- primary key per claimed row instead of every partition's (tests/test_partition_plan.py).
 WITH wanted AS (
     SELECT w.destination_id, w.slots, w.spares
       FROM unnest($3::bigint[], $4::int[], $5::int[]) AS w(destination_id, slots, spares)
@@ -73,7 +77,8 @@ WITH wanted AS (
            claim_token = (SELECT nextval('claim_token_seq')),
            holds_slot = d.id = ANY (ARRAY(SELECT id FROM numbered WHERE takes_slot))
      WHERE d.id = ANY (ARRAY(SELECT id FROM picked))
- RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.claim_token, d.holds_slot
+ RETURNING d.id, d.event_id, d.destination_id, d.attempt, d.claim_token, d.holds_slot,
+           d.created_at
 ), taken AS (
     SELECT destination_id, count(*) FILTER (WHERE holds_slot) AS n, min(id) AS first_id
       FROM claimed GROUP BY destination_id
@@ -107,4 +112,10 @@ SELECT c.id, c.event_id, c.destination_id, c.attempt,
   FROM claimed c
   JOIN taken t ON t.destination_id = c.destination_id
   JOIN destinations dest ON dest.id = c.destination_id
-  JOIN events ev ON ev.id = c.event_id
+ CROSS JOIN LATERAL (
+       -- LIMIT keeps the subquery from being flattened into a join the planner may make
+       -- a merge join over every partition's index; as a parameterized scan it is pruned
+       -- at run time to the one partition (tests/test_partition_plan.py).
+       SELECT e.payload, e.traceparent FROM events e
+        WHERE e.id = c.event_id AND e.created_at = c.created_at
+        LIMIT 1) ev

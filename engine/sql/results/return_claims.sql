@@ -105,7 +105,7 @@ WITH lost AS (
                    'destination_id', d.destination_id, 'attempts', d.attempt,
                    'time', now(), 'reason', $3)::text) AS event_id
       FROM died d
-      JOIN events ev ON ev.id = d.event_id
+      JOIN events ev ON ev.id = d.event_id AND ev.created_at = d.created_at
      WHERE ev.type NOT LIKE 'engine.%'
 )
 SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM died) AS died,
