@@ -95,6 +95,9 @@ SCENARIOS: dict[str, Scenario] = {
     "tenant-migration": OwnOptions(
         "tenants' migrations on 1,000,000 finished deliveries under the engine before them",
         "tenant_migration"),
+    "partition-migration": OwnOptions(
+        "partitioned history's migrations on 1,000,000 finished deliveries under a live engine",
+        "partition_migration"),
     "noisy-neighbour": OwnOptions(
         "tenant B's latency at 20 events/s while tenant A drains 200,000 (and A alone)",
         "noisy_neighbour"),
