@@ -181,7 +181,9 @@ def run(admin_dsn: str, args: Any, report: Report, live: Live) -> None:
         "fail_percent": FAIL_PERCENT, "retry_schedule": RETRY_SCHEDULE,
         "engine_procs_per_variant": 1, "day_s": day_s, "days_seeded": days - 1,
         "events_per_day": events_per_day, "driver_every_s": DRIVER_EVERY_S,
-        "old_engine_revision": revision,
+        "old_engine_revision": revision and subprocess.run(
+            ["git", "rev-parse", revision], cwd=stack.ROOT, capture_output=True, text=True,
+            check=True).stdout.strip(),
     }
     with ExitStack() as stack_:
         live.phase("creating databases")
