@@ -3,6 +3,7 @@ a real database, the report folder and the metrics parsing the scenarios rely on
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import json
 import os
@@ -12,9 +13,20 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
-from bench.harness import cli, contention, ingest_ceiling, stack
+from bench.harness import (
+    bloat,
+    bloat_history,
+    cli,
+    contention,
+    ingest_ceiling,
+    partition_migration,
+    stack,
+)
 from bench.harness.report import Report, figure
+from engine.db.migrate import migrate
+from tests import test_migrate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -154,3 +166,87 @@ def test_histogram_quantiles_from_metrics_text() -> None:
     # 100 observations since `before`: 99 under 100 ms, 1 above.
     assert found == {"p50_le_ms": 100.0, "p99_le_ms": 100.0, "count": 100.0}
     assert stack.histogram_quantiles_ms(after, after)["p50_le_ms"] is None
+
+
+empty_dsn = pytest.fixture(test_migrate.empty_dsn.__wrapped__, name="empty_dsn")
+
+
+def test_partition_migration_history_survives_025_and_026(empty_dsn: str,
+                                                           tmp_path: Path) -> None:
+    """partition-migration's history, written at schema 024, is all there after 025 and
+    026 (each finished delivery with its event and its attempt; every tenth event's key
+    copied into idempotency_keys), in the legacy partitions."""
+    migrate(empty_dsn, partition_migration.schema_up_to(tmp_path,
+                                                        partition_migration.BEFORE_PARTITIONS))
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        destinations = [stack.add_destination(conn, f"http://127.0.0.1:9/{i}")
+                        for i in range(3)]
+    last_event, last_delivery = partition_migration.fill_history(empty_dsn, 2000, destinations)
+    migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        counts = stack.run_sql(conn, partition_migration.HISTORY_COUNTS,
+                               (last_event, last_delivery))[0]
+        keys = conn.execute("SELECT count(*) FROM idempotency_keys").fetchone()
+        legacy = conn.execute("SELECT count(*) FROM ONLY finished_deliveries_legacy"
+                              ).fetchone()
+    assert counts == (2000, 2000, 2000, 0, 0)
+    assert keys == (200,) and legacy == (2000,)
+
+
+def test_partition_migration_accounting() -> None:
+    t0 = dt.datetime(2026, 12, 7, tzinfo=dt.UTC)
+
+    def at(ms: int, locks: tuple[str, ...]) -> partition_migration.MigratorSample:
+        return partition_migration.MigratorSample(t0 + dt.timedelta(milliseconds=ms), 1, t0,
+                                                  "active", "SELECT 1", locks)
+
+    samples = [at(0, ()), at(10, ("events:AccessExclusiveLock",)),
+               at(20, ("events:AccessExclusiveLock",)), at(30, ()),
+               at(40, ("events:AccessExclusiveLock",))]
+    holds = partition_migration.lock_holds(samples)
+    assert [(h["lock"], h["seen_s"], h["at_most_s"]) for h in holds] == [
+        ("events:AccessExclusiveLock", 0.01, 0.03), ("events:AccessExclusiveLock", 0.0, 0.02)]
+    gaps = partition_migration.arrival_gaps([1000, 1100, 1900, 2500],
+                                            {"a": (1.0, 2.0), "b": (2.0, 3.0)})
+    assert gaps["a"]["longest_gap_ms"] == 800.0 and gaps["a"]["arrived"] == 3
+    assert gaps["b"]["longest_gap_ms"] == 500.0 and gaps["b"]["arrived"] == 1
+    lost = partition_migration.account([(1, 2), (2, 2), (3, 1)],
+                                       {"d0": {"evt_1": 1, "evt_2": 1, "evt_3": 1},
+                                        "d1": {"evt_1": 1}})
+    assert lost["events_short"] == 1 and lost["events_short_sample"] == [2]
+    assert lost["deliveries_expected"] == 5
+
+
+def test_bloat_history_days_pass_by_drops_on_the_partitioned_schema(dsn: str) -> None:
+    """bloat --history partitions: the database laid out in day partitions over the past
+    days, seeded with history, loaded with soak_enqueue; the driver (this checkout's
+    partition job, retention falling from 4.5 days) drops the day partitions wholly past
+    the cutoff, the soak's rows stay; table_sample sums a partitioned table's partitions."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        stack.run_sql(conn, bloat_history.RELAYOUT, (6,))
+        destinations = [stack.add_destination(conn, f"http://127.0.0.1:9/{i}")
+                        for i in range(bloat.DESTINATIONS)]
+    seeded = bloat_history.seed(dsn, 5, 40, destinations)
+    assert seeded == {"events": 160, "finished_deliveries": 320, "delivery_attempts": 480}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        stack.run_sql(conn, bloat_history.SOAK_ENQUEUE, (10, destinations, 0, "{}", 2))
+        assert conn.execute("SELECT count(*) FROM deliveries d JOIN events e ON e.id ="
+                            " d.event_id AND e.created_at = d.created_at").fetchone() == (20,)
+    proc = subprocess.Popen(
+        [sys.executable, str(bloat_history.DRIVER), dsn, "--start-days", "3.5",
+         "--day-seconds", "100000", "--every", "60"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = json.loads(proc.stdout.readline())
+    proc.terminate()
+    assert proc.wait(30) == 0
+    assert first["job"] == "partitions" and first["dropped"] >= 3
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        left = conn.execute("SELECT count(*) FROM events WHERE created_at < now() - interval"
+                            " '4.5 days'").fetchone()  # the day holding it ended before the cutoff
+        rows = {r[0]: r for r in stack.run_sql(conn, bloat.TABLE_SAMPLE,
+                                               (list(bloat_history.TABLES), []))}
+        events = conn.execute("SELECT count(*) FROM events").fetchone()
+    assert left == (0,) and events is not None and 10 < events[0] < 170
+    assert set(rows) == set(bloat_history.TABLES)
+    assert rows["events"][5] > 0  # heap bytes, summed over the partitions left

@@ -106,6 +106,11 @@ def watch_vacuums(variant: Variant, conn: psycopg.Connection, at_s: float) -> No
 
 
 def run(admin_dsn: str, args: Any, report: Report, live: Live) -> None:
+    if getattr(args, "history", None):
+        from bench.harness import bloat_history
+
+        bloat_history.run(admin_dsn, args, report, live)
+        return
     soak_s = args.duration or (60.0 if args.quick else 600.0)
     interval = 3.0 if args.quick else 5.0
     rate = 80.0 if args.quick else 120.0

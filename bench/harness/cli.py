@@ -95,6 +95,9 @@ SCENARIOS: dict[str, Scenario] = {
     "tenant-migration": OwnOptions(
         "tenants' migrations on 1,000,000 finished deliveries under the engine before them",
         "tenant_migration"),
+    "partition-migration": OwnOptions(
+        "partitioned history's migrations on 1,000,000 finished deliveries under a live engine",
+        "partition_migration"),
     "noisy-neighbour": OwnOptions(
         "tenant B's latency at 20 events/s while tenant A drains 200,000 (and A alone)",
         "noisy_neighbour"),
@@ -163,6 +166,14 @@ def parse_timed(name: str, argv: Sequence[str]) -> argparse.Namespace:
                         help="folder the report folders go in")
     parser.add_argument("--duration", type=float,
                         help="bloat: soak seconds (default 600, --quick 60)")
+    parser.add_argument("--history", choices=("partitions", "deletes", "both"),
+                        help="bloat: history passing retention on a compressed clock, removed "
+                             "by dropping day partitions (this checkout) or by the batch "
+                             "deletes of the engine before partitions; both: side by side "
+                             "(bench/harness/bloat_history.py)")
+    parser.add_argument("--history-day-s", type=float,
+                        help="bloat --history: seconds per day of the compressed clock "
+                             "(default 30, --quick 10)")
     args = parser.parse_args(argv)
     if args.procs < 1:
         parser.error("--procs must be at least 1")
@@ -235,7 +246,8 @@ def run_one(name: str, admin_dsn: str, args: argparse.Namespace) -> tuple[Path, 
     run: Callable[..., Any] = importlib.import_module(f"bench.harness.{scenario.module}").run
     args.variant = scenario.variant
     options = {"quick": args.quick, "procs": args.procs, "external_dsn": bool(args.dsn),
-               "stock_pg15": args.stock_pg15, "duration": args.duration}
+               "stock_pg15": args.stock_pg15, "duration": args.duration,
+               "history": args.history, "history_day_s": args.history_day_s}
     report = Report(name, options, args.reports)
     budget = scenario.quick_s if args.quick else scenario.full_s
     began = time.monotonic()

@@ -84,15 +84,16 @@ def old_engine_revision() -> str:
 
 
 @contextmanager
-def old_engine_checkout(path: Path | None) -> Iterator[Path]:
-    """The engine from before tenants: `path`, or the parent of the commit that added
-    schema/016 unpacked into a temporary folder."""
+def old_engine_checkout(path: Path | None, revision: str | None = None) -> Iterator[Path]:
+    """An older engine: `path`, else `revision` (default: the parent of the commit that
+    added schema/016) unpacked from git into a temporary folder."""
     if path is not None:
         yield path
         return
-    folder = Path(tempfile.mkdtemp(prefix="engine-before-tenants-"))
+    folder = Path(tempfile.mkdtemp(prefix="engine-old-"))
     try:
-        archive = subprocess.run(["git", "archive", old_engine_revision(), "engine", "schema"],
+        archive = subprocess.run(["git", "archive", revision or old_engine_revision(),
+                                  "engine", "schema"],
                                  cwd=stack.ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
         yield folder
