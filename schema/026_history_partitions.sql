@@ -14,8 +14,10 @@
 --   partition it creates for them (ensure_history_partitions below);
 -- - daily partitions from T for 3 days; the partition job (engine/maintenance/
 --   partitions.py) keeps creating them ahead and drops them behind.
--- Every step is a change to the catalog: the whole holds its locks for milliseconds on
--- tables of any size (bench/results/2026-12-07-issue-43-partition-migration.md). The three
+-- Every step is a change to the catalog: the whole holds its locks for a time that does
+-- not grow with the tables (0.15-0.2 s of ACCESS EXCLUSIVE with 1,000,000 finished
+-- deliveries beside a running engine, bench/results/2026-12-07-issue-43-partition-
+-- migration.md). The three
 -- tables are locked first, in one statement, under a lock_timeout well under
 -- deadlock_timeout, as 016 does (docs/decisions/0028), and the file is tried again when it
 -- fires (engine/db/migrate.py).
