@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.observe.autovacuum_advice import Measured, advice_from_report, advise, nice_ceiling
+from tests.kit.dbserver import leaves
 
 ENGINE = [sys.executable, "-m", "engine.cli"]
 
@@ -98,11 +99,15 @@ def test_command_prints_then_applies_the_statements(dsn: str, tmp_path: Path) ->
     assert printed.strip() == "\n".join(a.text() for a in advice_from_report(report))
 
     def options() -> dict[str, list[str]]:
+        """Each table's settings: delivery_attempts' are its partitions' (schema/026),
+        every one of which must have them."""
         with psycopg.connect(dsn) as conn:
-            rows = conn.execute(
-                "SELECT relname, coalesce(reloptions, '{}') FROM pg_class WHERE relname ="
-                " ANY(%s)", (["deliveries", "delivery_attempts"],)).fetchall()
-        return dict(rows)
+            found = {table: {tuple(row[0]) for row in conn.execute(
+                "SELECT coalesce(reloptions, '{}') FROM pg_class WHERE relname = ANY(%s)",
+                (leaves(conn, table),)).fetchall()}
+                for table in ("deliveries", "delivery_attempts")}
+        assert all(len(kinds) == 1 for kinds in found.values()), found
+        return {table: list(kinds.pop()) for table, kinds in found.items()}
 
     before = options()
     assert "autovacuum_vacuum_threshold=20000" not in before["deliveries"]  # printing only

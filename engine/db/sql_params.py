@@ -457,3 +457,7 @@ class OauthTokenStoreParams(NamedTuple):
     access_token: str
     lifetime_s: float
     refresh_after_s: float
+
+
+class TableLeavesParams(NamedTuple):
+    table_name: str

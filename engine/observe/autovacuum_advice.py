@@ -26,6 +26,7 @@ import psycopg
 from psycopg import sql
 
 from engine.db import queries
+from engine.db.sql_params import TableLeavesParams
 
 MIN_INTERVAL_S = 10.0
 VACUUM_SHARE = 4  # the interval is at least this many vacuum durations
@@ -180,7 +181,10 @@ def advice_from_report(path: Path) -> list[Advice]:
 
 def apply(conn: psycopg.Connection, advice: Sequence[Advice]) -> None:
     """Apply the table settings in one transaction (all or none), then the server ones
-    (ALTER SYSTEM cannot run in a transaction block) and reload the configuration."""
+    (ALTER SYSTEM cannot run in a transaction block) and reload the configuration. A
+    partitioned table's go to each of its partitions (table_leaves.sql), and the
+    partitions made later take them from the newest one (ensure_history_partitions,
+    schema/027)."""
     with conn.transaction():
         for a in advice:
             if a.table is None:
@@ -188,8 +192,11 @@ def apply(conn: psycopg.Connection, advice: Sequence[Advice]) -> None:
             options = sql.SQL(", ").join(
                 sql.SQL("{} = {}").format(sql.Identifier(key), sql.Literal(value))
                 for key, value in a.settings.items())
-            conn.execute(sql.SQL("ALTER TABLE {} SET ({})").format(
-                sql.Identifier(a.table), options))
+            leaves = queries.TABLE_LEAVES.run_sync(
+                conn, TableLeavesParams(table_name=a.table)).fetchall()
+            for (leaf,) in leaves:
+                conn.execute(sql.SQL("ALTER TABLE {} SET ({})").format(
+                    sql.Identifier(leaf), options))
     system = [a for a in advice if a.table is None]
     for a in system:
         for key, value in a.settings.items():

@@ -16,7 +16,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from engine.db import queries
 from engine.db.migrate import migrate
+from engine.db.sql_params import TableLeavesParams
 from engine.testing.pgserver import throwaway_server
 
 TABLES = ("delivery_attempts", "finished_deliveries", "deliveries", "events", "destinations",
@@ -109,5 +111,13 @@ def stop_autovacuum(conn: psycopg.Connection) -> None:
     test's own connection on the database, pruning and plans then follow its
     statements alone."""
     for table in TABLES:
-        conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false,"
-                     " toast.autovacuum_enabled = false)")
+        for leaf in leaves(conn, table):
+            conn.execute(f"ALTER TABLE {leaf} SET (autovacuum_enabled = false,"
+                         " toast.autovacuum_enabled = false)")
+
+
+def leaves(conn: psycopg.Connection, table: str) -> list[str]:
+    """The tables holding `table`'s rows: itself, or a partitioned table's partitions
+    (storage settings are theirs: PostgreSQL refuses them on a partitioned table)."""
+    return [leaf for (leaf,) in queries.TABLE_LEAVES.run_sync(
+        conn, TableLeavesParams(table_name=table)).fetchall()]
