@@ -24,7 +24,7 @@ from engine.worker.dispatcher import (
     SlotDispatcher,
 )
 from engine.worker.recorder import ResultRecorder
-from engine.worker.slots import LEASE_SAFETY_MS, round_robin_by_destination
+from engine.worker.slots import LEASE_SAFETY_MS, ReadyQueue, round_robin_by_destination
 
 LEASE_MS = 60_000
 TIMEOUT_MS = 5_000
@@ -246,3 +246,57 @@ def test_a_claim_goes_out_in_turns_over_its_destinations(destinations: list[int]
     for destination in set(destinations):
         assert [c.id for c in turns if c.destination_id == destination] == [
             c.id for c in claims if c.destination_id == destination]
+
+
+def test_a_freed_slot_goes_to_the_next_destination_in_line_not_the_oldest_claim() -> None:
+    """A claim of another destination, prefetched after a backlog's, waits for a slot
+    per destination ahead of it in line, not for the backlog (issue 39: tenant B's fresh
+    delivery behind tenant A's prefetch)."""
+    ports = Ports()
+    d = dispatcher(ports, capacity=2)
+    backlog = [Claim(i, i, 1, 1, "http://127.0.0.1:9/a", TIMEOUT_MS, [], "{}")
+               for i in range(1, 11)]
+    fresh = Claim(99, 99, 2, 1, "http://127.0.0.1:9/b", TIMEOUT_MS, [], "{}")
+    d.take(backlog)
+    d.take([fresh])
+    assert ports.sent == [1, 2] and len(d.ready) == 9
+    answer(d, backlog[0])
+    answer(d, backlog[1])
+    assert ports.sent == [1, 2, 3, 99]
+    answer(d, fresh)
+    assert ports.sent == [1, 2, 3, 99, 4] and len(d.ready) == 6
+    assert d.release_unsent() == 6 and len(d.ready) == 0 and not d.ready.turns
+
+
+@given(st.lists(st.tuples(st.sampled_from(["append", "appendleft", "popleft"]),
+                          st.integers(min_value=1, max_value=5)), max_size=80))
+def test_the_ready_queue_serves_destinations_in_turns(steps: list[tuple[str, int]]) -> None:
+    """Against a model: every claim comes out once; a destination's claims in the order
+    they went in (one put ahead first); a destination with claims waiting is served
+    before any other destination is served twice."""
+    ready = ReadyQueue()
+    model: dict[int, list[int]] = {}
+    served_since: dict[int, int] = {}  # waiting destination -> pops since it last got one
+    n = 0
+    for op, destination in steps:
+        if op == "popleft":
+            if not ready:
+                assert not any(model.values())
+                continue
+            claim, _ = ready.popleft()
+            got = claim.destination_id
+            assert claim.id == model[got].pop(0)
+            for other in served_since:
+                served_since[other] += 1
+            served_since[got] = 0
+            assert all(count <= len(served_since) for count in served_since.values())
+            if not model[got]:
+                del served_since[got]
+        else:
+            n += 1
+            claim = Claim(n, n, destination, 1, "http://x/", 1000, ["s"], "{}")
+            getattr(ready, op)((claim, 0.0))
+            queue = model.setdefault(destination, [])
+            queue.insert(0, n) if op == "appendleft" else queue.append(n)
+            served_since.setdefault(destination, 0)
+        assert len(ready) == sum(len(q) for q in model.values())

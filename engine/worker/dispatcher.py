@@ -22,6 +22,7 @@ from engine.worker import outcome
 from engine.worker.send_pacing import SEND_AT_ONCE_S, SendSchedule
 from engine.worker.slots import (
     DestinationSlots,
+    ReadyQueue,
     Waiting,
     overstayed,
     round_robin_by_destination,
@@ -82,7 +83,8 @@ class SlotDispatcher:
         self.held = 0  # claims between claim and result, wherever they are
         self.sending = 0  # requests with libcurl: every destination's `started` together
         self.answered = 0  # requests answered so far
-        self.ready: Waiting = Waiting()  # claims beyond the free slots (the prefetch)
+        # Claims beyond the free slots (the prefetch), served in turns over destinations.
+        self.ready = ReadyQueue()
         # Rate-limited claims waiting for their booked send time (take_rate_tokens.sql).
         self.paced = SendSchedule(self._send_paced)
         self.destinations: dict[int, DestinationSlots] = {}
@@ -263,13 +265,16 @@ class SlotDispatcher:
     def _unsent_queues(self) -> list[Waiting]:
         """Claims not yet sent: waiting for any free slot, or for their destination's, and
         spares."""
-        return [self.ready, *(slots.waiting for slots in self.destinations.values()),
+        return [*self.ready.waiting(),
+                *(slots.waiting for slots in self.destinations.values()),
                 *(slots.spares for slots in self.destinations.values())]
 
     def release_overstayed(self) -> None:
         """Release the claims that waited for a slot (their destination's cap, or any free
         slot) too long for their lease to still cover their request."""
-        for claim in take_overstayed(self._unsent_queues(), self.clock(), self.lease_ms):
+        overstayed = take_overstayed(self._unsent_queues(), self.clock(), self.lease_ms)
+        self.ready.tidy()
+        for claim in overstayed:
             self._release(claim)
 
     def stop(self) -> None:
@@ -286,4 +291,5 @@ class SlotDispatcher:
             while waiting:
                 self._release(waiting.popleft()[0])
                 unsent += 1
+        self.ready.tidy()
         return unsent
