@@ -269,9 +269,9 @@ def test_a_long_run_of_unsignable_ready_claims_each_fails_once() -> None:
         dispatcher = worker.dispatcher
         dispatcher.capacity = 1
         runs = 3000
-        dispatcher.ready.extend(
-            (Claim(i, i, 1, 1, "http://127.0.0.1:9/", 1000, ["not-a-secret"], "{}"), 0.0)
-            for i in range(runs))
+        for i in range(runs):
+            dispatcher.ready.append(
+                (Claim(i, i, 1, 1, "http://127.0.0.1:9/", 1000, ["not-a-secret"], "{}"), 0.0))
         running = Claim(runs, runs, 1, 1, "http://127.0.0.1:9/", 1000, [], "{}")
         slots = dispatcher.destinations[1] = DestinationSlots()
         slots.started[running.id] = 0.0  # the one slot's request
