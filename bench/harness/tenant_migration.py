@@ -48,6 +48,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.harness import stack
+from bench.harness.migration_log import MigrationLog
 from bench.harness.report import REPORTS, Report, figure
 from engine.db.migrate import SCHEMA_DIR, migrate
 from engine.testing.fakedest import FakeDestination
@@ -270,8 +271,12 @@ def run(args: argparse.Namespace, report: Report) -> None:
         report.data["postgres"] = stack.pg_settings(dsn)
         with FakeDestination(extra_args=["--keep", "0"]) as dest:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                destinations = [stack.add_destination(conn, dest.url(f"fast/d{i}"))
-                                for i in range(DESTINATIONS)]
+                # The schema before tenants has no destinations.tenant_id for
+                # stack.add_destination to name.
+                destinations = [int(row[0]) for i in range(DESTINATIONS) for row in [
+                    conn.execute("INSERT INTO destinations (url, secret) VALUES (%s, %s)"
+                                 " RETURNING id", (dest.url(f"fast/d{i}"), stack.SECRET)
+                                 ).fetchone() or (0,)]]
             began = time.monotonic()
             last_event, last_delivery = fill_history(dsn, args.rows, destinations)
             report.data["fill_s"] = round(time.monotonic() - began, 1)
@@ -314,29 +319,13 @@ def under_load(engine: OldEngine, dsn: str, migrator_dsn: str, dest: FakeDestina
     ]
     for t in threads:
         t.start()
-    migrations: list[dict[str, Any]] = []
-    lock_timeouts: list[dict[str, Any]] = []
     try:
         time.sleep(WARM_UP_S)
         delivered_before = dest.stats()["totals"].get("delivered_ids", 0)
         from_time, mig_start = server_now(dsn), time.monotonic()
-        last = mig_start
-
-        def progress(name: str, seconds: float) -> None:
-            nonlocal last
-            now = time.monotonic()
-            migrations.append({"name": name, "seconds": round(seconds, 3),
-                               "start_s": round(last - mig_start, 3),
-                               "end_s": round(now - mig_start, 3)})
-            print(f"applied {name} in {seconds:.3f} s", file=sys.stderr)
-            last = now
-
-        def gave_up(name: str, attempt: int) -> None:
-            lock_timeouts.append({"name": name, "attempt": attempt,
-                                  "at_s": round(time.monotonic() - mig_start, 3)})
-            print(f"{name}: lock_timeout fired on try {attempt}", file=sys.stderr)
-
-        migrate(migrator_dsn, SCHEMA_DIR, progress, gave_up)
+        log = MigrationLog(mig_start)
+        migrations, lock_timeouts = log.migrations, log.lock_timeouts
+        migrate(migrator_dsn, SCHEMA_DIR, log.progress, log.gave_up)
         mig_end, to_time = time.monotonic(), server_now(dsn)
         delivered_during = dest.stats()["totals"].get("delivered_ids", 0) - delivered_before
         time.sleep(AFTER_S)
