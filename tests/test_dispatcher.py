@@ -273,7 +273,7 @@ def test_a_freed_slot_goes_to_the_next_destination_in_line_not_the_oldest_claim(
 def test_the_ready_queue_serves_destinations_in_turns(steps: list[tuple[str, int]]) -> None:
     """Against a model: every claim comes out once; a destination's claims in the order
     they went in (one put ahead first); a destination with claims waiting is served
-    before any other destination is served twice."""
+    before any other destination is served twice (counting from the last put ahead)."""
     ready = ReadyQueue()
     model: dict[int, list[int]] = {}
     served_since: dict[int, int] = {}  # waiting destination -> pops since it last got one
@@ -296,6 +296,10 @@ def test_the_ready_queue_serves_destinations_in_turns(steps: list[tuple[str, int
             n += 1
             claim = Claim(n, n, destination, 1, "http://x/", 1000, ["s"], "{}")
             getattr(ready, op)((claim, 0.0))
+            if op == "appendleft":
+                # Put ahead of everyone (a paced claim whose time came): the turns start
+                # over from it.
+                served_since = dict.fromkeys(served_since, 0)
             queue = model.setdefault(destination, [])
             queue.insert(0, n) if op == "appendleft" else queue.append(n)
             served_since.setdefault(destination, 0)

@@ -1,9 +1,9 @@
 -- status_tables: size, tuples and (auto)vacuum history of the engine's tables, with the
 -- dead-tuple count at which autovacuum triggers (per-table reloptions, else the GUCs).
 -- A partitioned table (the history tables, schema/026) has no statistics of its own: it
--- is the sum over its partitions, under its own name (sizes, tuples, triggers and
--- vacuum counts added up; the last vacuum the latest of any partition's), so a warning
--- that dead tuples passed the trigger speaks of the table as a whole.
+-- is the sum over its partitions, under its own name (sizes, tuples and vacuum counts
+-- added up, the trigger over the partitions holding dead tuples; the last vacuum the
+-- latest of any partition's), so a warning speaks of the table as a whole.
 WITH settings AS (
     SELECT current_setting('autovacuum_vacuum_threshold')::float8 AS threshold,
            current_setting('autovacuum_vacuum_scale_factor')::float8 AS scale
@@ -31,7 +31,10 @@ SELECT name,
        sum(pg_relation_size(relid))::bigint AS table_bytes,
        sum(pg_indexes_size(relid))::bigint AS index_bytes,
        sum(n_live_tup)::bigint AS n_live_tup, sum(n_dead_tup)::bigint AS n_dead_tup,
-       sum(vacuum_trigger) AS vacuum_trigger,
+       -- Over the partitions with dead tuples: an empty or clean day's threshold would
+       -- hide the one day autovacuum is behind on.
+       coalesce(sum(vacuum_trigger) FILTER (WHERE n_dead_tup > 0), min(vacuum_trigger))
+           AS vacuum_trigger,
        max(last_vacuum) AS last_vacuum, max(last_autovacuum) AS last_autovacuum,
        max(last_analyze) AS last_analyze, max(last_autoanalyze) AS last_autoanalyze,
        sum(autovacuum_count)::bigint AS autovacuum_count,
