@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from engine.domain import BreakerSettings, Claim, Result
@@ -268,15 +268,19 @@ def test_a_freed_slot_goes_to_the_next_destination_in_line_not_the_oldest_claim(
     assert d.release_unsent() == 6 and len(d.ready) == 0 and not d.ready.turns
 
 
-@given(st.lists(st.tuples(st.sampled_from(["append", "appendleft", "popleft"]),
-                          st.integers(min_value=1, max_value=5)), max_size=80))
+@given(st.lists(st.tuples(st.sampled_from(["append", "append", "appendleft", "popleft"]),
+                          st.integers(min_value=1, max_value=3)), max_size=80))
+@example([("append", 1), ("append", 1), ("append", 1), ("append", 2),
+          ("popleft", 0), ("popleft", 0), ("popleft", 0)])
 def test_the_ready_queue_serves_destinations_in_turns(steps: list[tuple[str, int]]) -> None:
     """Against a model: every claim comes out once; a destination's claims in the order
     they went in (one put ahead first); a destination with claims waiting is served
     before any other destination is served twice (counting from the last put ahead)."""
     ready = ReadyQueue()
     model: dict[int, list[int]] = {}
-    served_since: dict[int, int] = {}  # waiting destination -> pops since it last got one
+    # Waiting destination -> [pops since it was last served (or came, or one was put
+    # ahead), the most destinations waiting at once meanwhile].
+    waited: dict[int, list[int]] = {}
     n = 0
     for op, destination in steps:
         if op == "popleft":
@@ -286,21 +290,23 @@ def test_the_ready_queue_serves_destinations_in_turns(steps: list[tuple[str, int
             claim, _ = ready.popleft()
             got = claim.destination_id
             assert claim.id == model[got].pop(0)
-            for other in served_since:
-                served_since[other] += 1
-            served_since[got] = 0
-            assert all(count <= len(served_since) for count in served_since.values())
+            for other, counts in waited.items():
+                counts[0] += 1
+                assert counts[0] <= counts[1], (other, counts)
+            waited[got] = [0, len(waited)]
             if not model[got]:
-                del served_since[got]
+                del waited[got]
         else:
             n += 1
             claim = Claim(n, n, destination, 1, "http://x/", 1000, ["s"], "{}")
             getattr(ready, op)((claim, 0.0))
+            queue = model.setdefault(destination, [])
+            queue.insert(0, n) if op == "appendleft" else queue.append(n)
+            waited.setdefault(destination, [0, 0])
             if op == "appendleft":
                 # Put ahead of everyone (a paced claim whose time came): the turns start
                 # over from it.
-                served_since = dict.fromkeys(served_since, 0)
-            queue = model.setdefault(destination, [])
-            queue.insert(0, n) if op == "appendleft" else queue.append(n)
-            served_since.setdefault(destination, 0)
+                waited = {d: [0, 0] for d in waited}
+        for counts in waited.values():
+            counts[1] = max(counts[1], len(waited))
         assert len(ready) == sum(len(q) for q in model.values())
