@@ -17,6 +17,7 @@ import pytest
 import trustme
 from psycopg.types.json import Jsonb
 
+from tests.kit import queue_sync
 from tests.kit.data import add_destination, enqueue, finished
 from tests.kit.egress_servers import receiver, server_context, token_endpoint
 from tests.kit.enginerun import Engine, wait_until
@@ -54,6 +55,8 @@ def test_mtls_oauth_and_proxy_through_the_engine(dsn: str, tmp_path: Path, confi
             tokens.expires_in = 60.0
             for n in range(EVENTS):
                 enqueue(conn, [f'{{"n":{n}}}'], [destination])
+                # Woken as by ingress: sent as they come, not together at the next poll.
+                queue_sync.notify_deliveries(conn)
                 if n == 0:
                     # The rest is spread over steady sending, not piled up behind the first
                     # token fetch and sent at once, each on a connection of its own.

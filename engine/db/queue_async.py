@@ -45,7 +45,7 @@ _LOCK_CAPPED = LockCappedDestinationsParams(
     advisory_lock_class=CAPPED_CLAIM_LOCK_CLASS, limit=CAPPED_LOCKS_PER_CLAIM)
 _LOCK_LIMITED = LockLimitedTenantsParams(
     advisory_lock_class=TENANT_LOCK_CLASS, limit=LIMITED_TENANTS_PER_CLAIM)
-_NOTIFY = NotifyDeliveriesParams(notification_channel=queries.NOTIFY_CHANNEL)
+NOTIFY_PARAMS = NotifyDeliveriesParams(notification_channel=queries.NOTIFY_CHANNEL)
 
 # A row of take_rate_tokens.sql: destination id, tokens, first send time, statement time.
 RateBooking = tuple[int, int, dt.datetime, dt.datetime]
@@ -53,7 +53,7 @@ RateBooking = tuple[int, int, dt.datetime, dt.datetime]
 
 async def notify_deliveries(conn: AsyncConnection) -> None:
     """Wake the idle claimers (they LISTEN on queries.NOTIFY_CHANNEL)."""
-    await queries.NOTIFY_DELIVERIES.run(conn, _NOTIFY)
+    await queries.NOTIFY_DELIVERIES.run(conn, NOTIFY_PARAMS)
 
 
 class TenantCursor:

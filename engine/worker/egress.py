@@ -7,6 +7,11 @@ no task, no database. One whose destination's settings are known and need no tok
 starts at once, as any other. The rest (the first claim of a revision, and every claim
 of a destination with OAuth2) goes through a task: settings, token, POST, and on a 401
 one refresh and one retry within the same attempt.
+
+A token is refreshed once per worker at a time (`refreshing`), and ahead of its expiry:
+past its refresh time a send still uses it while it lives, and starts the refresh in the
+background. Sends never wait for a token a live one could replace; waiting, they would
+leave together once it came, each on a new connection.
 """
 
 from __future__ import annotations
@@ -50,6 +55,16 @@ EGRESS_CONNECTIONS = 4
 
 
 @dataclass(frozen=True)
+class HeldToken:
+    """A worker's copy of a destination's token (monotonic times)."""
+
+    revision: int
+    token: str
+    usable_until: float  # then a refresh begins, in the background
+    alive_until: float  # then sends wait for the next token
+
+
+@dataclass(frozen=True)
 class DestinationEgress:
     """One destination's egress settings at one revision, as a worker sends with them."""
 
@@ -75,8 +90,9 @@ class EgressSide:
         self.default = (EgressOptions(proxy=egress_proxy, proxy_trusted=True)
                         if egress_proxy else None)
         self.known: dict[int, DestinationEgress] = {}
-        # destination id -> (revision, token, usable until (monotonic))
-        self.tokens: dict[int, tuple[int, str, float]] = {}
+        self.tokens: dict[int, HeldToken] = {}
+        # destination id -> the fetch or read of its next token under way (one at a time)
+        self.refreshing: dict[int, asyncio.Task[str]] = {}
         self.tasks: set[asyncio.Task[HttpResult]] = set()
         self._db: AsyncConnectionPool | None = None
         self._token_http: CurlPool | None = None
@@ -109,7 +125,9 @@ class EgressSide:
     async def _send(self, claim: Claim, headers: list[str], body: bytes,
                     timeout_ms: int) -> HttpResult:
         started_at = time.time()
-        egress = await self._settings(claim.destination_id)
+        egress = self.known.get(claim.destination_id)
+        if egress is None or egress.revision != claim.egress_revision:
+            egress = await self._settings(claim.destination_id)
         if egress.auth is None:
             return await self._post(claim.url, headers, body, timeout_ms, egress.options)
         try:
@@ -179,36 +197,72 @@ class EgressSide:
 
     async def _token(self, destination_id: int, egress: DestinationEgress,
                      stale: str | None) -> str:
-        """A token to send: this worker's while usable, else the database's, else a new
-        one fetched under the destination's token lock. `stale`: a token the destination
-        refused, not to be used again."""
+        """A token to send: this worker's while usable (and while it lives, with a refresh
+        started behind it), else the next one (`_refresh`). `stale`: a token the
+        destination refused, not to be used again."""
         held = self.tokens.get(destination_id)
-        if (stale is None and held is not None and held[0] == egress.revision
-                and time.monotonic() < held[2]):
-            return held[1]
+        if stale is None and held is not None and held.revision == egress.revision:
+            now = time.monotonic()
+            if now < held.usable_until:
+                return held.token
+            if now < held.alive_until:
+                self._refresh_task(destination_id, egress, None)
+                return held.token
+        # Shielded: a send cancelled while waiting leaves the refresh to the others.
+        token = await asyncio.shield(self._refresh_task(destination_id, egress, stale))
+        if token == stale:  # a refresh begun before the refusal brought the same token
+            token = await asyncio.shield(self._refresh_task(destination_id, egress, stale))
+        return token
+
+    def _refresh_task(self, destination_id: int, egress: DestinationEgress,
+                      stale: str | None) -> asyncio.Task[str]:
+        """The refresh under way for this destination, else a new one."""
+        task = self.refreshing.get(destination_id)
+        if task is None or (task.done() and stale is not None):
+            task = asyncio.get_running_loop().create_task(
+                self._refresh(destination_id, egress, stale))
+            self.refreshing[destination_id] = task
+            task.add_done_callback(lambda done: self._refreshed(destination_id, done))
+        return task
+
+    def _refreshed(self, destination_id: int, task: asyncio.Task[str]) -> None:
+        if self.refreshing.get(destination_id) is task:
+            del self.refreshing[destination_id]
+        if not task.cancelled():
+            task.exception()  # a background refresh's failure: the next send tries again
+
+    async def _refresh(self, destination_id: int, egress: DestinationEgress,
+                       stale: str | None) -> str:
+        """The database's token, else a new one fetched under the destination's token
+        lock."""
         pool = await self._database()
         read = OauthTokenReadParams(destination_id=destination_id,
                                     egress_revision=egress.revision)
         async with pool.connection() as conn:
             row = await (await queries.OAUTH_TOKEN_READ.run(conn, read)).fetchone()
             if row is not None and row[0] != stale:
-                return self._keep(destination_id, egress.revision, row[0], row[1])
+                return self._keep(destination_id, egress.revision, *row)
             async with conn.transaction():
                 await queries.OAUTH_TOKEN_LOCK.run(conn, OauthTokenLockParams(
                     advisory_lock_class=OAUTH_LOCK_CLASS, destination_id=destination_id))
                 # Another worker may have fetched one while this one waited for the lock.
                 row = await (await queries.OAUTH_TOKEN_READ.run(conn, read)).fetchone()
                 if row is not None and row[0] != stale:
-                    return self._keep(destination_id, egress.revision, row[0], row[1])
+                    return self._keep(destination_id, egress.revision, *row)
                 token, lifetime_s = await self._fetch(egress)
                 usable_s = refresh_after_s(lifetime_s)
                 await queries.OAUTH_TOKEN_STORE.run(conn, OauthTokenStoreParams(
                     destination_id=destination_id, egress_revision=egress.revision,
                     access_token=token, lifetime_s=lifetime_s, refresh_after_s=usable_s))
-        return self._keep(destination_id, egress.revision, token, usable_s)
+        return self._keep(destination_id, egress.revision, token, usable_s, lifetime_s)
 
-    def _keep(self, destination_id: int, revision: int, token: str, usable_s: float) -> str:
-        self.tokens[destination_id] = (revision, token, time.monotonic() + usable_s)
+    def _keep(self, destination_id: int, revision: int, token: str, usable_s: float,
+              alive_s: float) -> str:
+        # Sent while its refresh runs until half of what was left at the refresh time is
+        # left: a request must reach the receiver before the token dies.
+        now = time.monotonic()
+        self.tokens[destination_id] = HeldToken(revision, token, now + usable_s,
+                                                now + (usable_s + alive_s) / 2)
         return token
 
     async def _fetch(self, egress: DestinationEgress) -> tuple[str, float]:
@@ -234,6 +288,8 @@ class EgressSide:
 
     async def close(self) -> None:
         """Cancel what waits for settings or tokens (their claims come back released)."""
+        for refresh in list(self.refreshing.values()):
+            refresh.cancel()
         for task in list(self.tasks):
             task.cancel()
         if self.tasks:

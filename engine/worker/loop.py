@@ -246,6 +246,8 @@ class DeliveryWorker:
         await self.claim_conn.close()
         await asyncio.sleep(RECONNECT_DELAY_S)
         self.claim_conn = await self._connect()
+        # The database may have restarted: the recorder checks its own connection too.
+        self.recorder.check_connection()
 
     async def _wait_for_work(self) -> bool:
         """Until a NOTIFY arrives, the poll interval passes, a retry this worker recorded

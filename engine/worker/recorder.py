@@ -8,11 +8,19 @@ through database outages: outcomes are not dropped (if this process dies meanwhi
 supervisor or the reaper returns the claims). Backpressure: the claim policy claims
 nothing while the recorder is `backlogged`, so a slow database slows the claiming instead
 of piling up outcomes in memory.
+
+A worker's session commits without waiting for the disk (decision 0037), so a database
+crash can undo a batch the server already acknowledged: its deliveries are in flight
+again, still this worker's. The recorder keeps the batches of the last UNFLUSHED_S and
+writes them again on every new connection: the statement's guard (same worker, attempt
+and claim token) applies only the results the crash undid, and leaves the rest as they
+are. Without it those deliveries would wait for their lease and be sent twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import NamedTuple
 
 import msgspec
@@ -21,7 +29,7 @@ import psycopg
 from engine.db import queue_async
 from engine.db.liveness import closed_by_server
 from engine.domain import BreakerSettings, Claim, Result
-from engine.observe.oplog import Outage
+from engine.observe.oplog import Outage, log_event
 from engine.worker.connection import RECONNECT_DELAY_S, DrainDeadline, connect
 
 FLUSH_SIZE = 500
@@ -34,6 +42,11 @@ FLUSH_INTERVAL_S = 0.05
 SLOT_FLUSH_INTERVAL_S = 0.0
 # No claim while this many results wait to be recorded (`backlogged`).
 UNRECORDED_LIMIT = 2 * FLUSH_SIZE
+# How long an acknowledged batch may still be only in the server's memory: PostgreSQL's
+# WAL writer flushes an asynchronous commit within three wal_writer_delay (200 ms by
+# default), and this leaves room for a busy server. A batch older than this that a crash
+# undid still comes back, when its lease runs out (the reaper).
+UNFLUSHED_S = 2.0
 
 
 class Batch(NamedTuple):
@@ -78,6 +91,10 @@ class ResultRecorder:
         # Results waiting that hand their slot on: the spare's id -> the result's index.
         self.handing: dict[int, int] = {}
         self.closing = False
+        # Batches written in the last UNFLUSHED_S: (when acknowledged, results), oldest
+        # first; written again on a new connection (`_rewrite_recent`).
+        self.recent: deque[tuple[float, list[Result]]] = deque()
+        self.check_wanted = False  # the next batch may be empty: see check_connection
 
     async def open(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -138,6 +155,13 @@ class ResultRecorder:
             self.flush_timer = self.loop.call_at(due, self.flush_wanted.set)
             self.flush_due = due
 
+    def check_connection(self) -> None:
+        """The claim connection found the database gone and back: have the writer look at
+        its own connection now, even with nothing to write, so that batches a crash undid
+        are written again at once, not when the next result comes."""
+        self.check_wanted = True
+        self.flush_wanted.set()
+
     def close(self) -> None:
         """Flush what is left at once, and end the batches after it (the worker is
         draining)."""
@@ -153,7 +177,8 @@ class ResultRecorder:
             if self.flush_timer is not None:
                 self.flush_timer.cancel()
                 self.flush_timer = None
-            if self.results:
+            if self.results or self.check_wanted:
+                self.check_wanted = False
                 batch = Batch(self.results, self.slot_results > 0, self.refill,
                               self.spares_for)
                 self.results, self.slot_results, self.refill, self.spares_for = [], 0, {}, {}
@@ -175,13 +200,18 @@ class ResultRecorder:
                       spares: dict[int, int]) -> list[Claim]:
         """Record one batch (and refill the slots it gives back, and claim spares),
         retrying through database outages."""
+        reconnected = False
         while True:
             if closed_by_server(self.conn):
                 # Idle through a database restart: reconnect before use, not after a failure
                 # whose outcome (written or not) would be unknown.
                 await self.conn.close()
                 self.conn = await self._connect()
+                reconnected = True
             try:
+                if reconnected:
+                    await self._rewrite_recent()
+                    reconnected = False
                 refilled: list[Claim] = []
                 if (refill or spares) and not self.closing:
                     refilled = await queue_async.record_results_and_refill(
@@ -191,6 +221,7 @@ class ResultRecorder:
                     await queue_async.record_results(self.conn, self.worker, batch,
                                                      self.breaker)
                 self.outage.recovered()
+                self._remember(batch)
                 return refilled
             except psycopg.OperationalError as exc:
                 self.outage.failed(exc, "record")
@@ -198,3 +229,24 @@ class ResultRecorder:
                 await self.conn.close()
                 await asyncio.sleep(RECONNECT_DELAY_S)
                 self.conn = await self._connect()
+                reconnected = True
+
+    def _remember(self, batch: list[Result]) -> None:
+        """Keep an acknowledged batch for UNFLUSHED_S, and forget the older ones."""
+        now = self.loop.time()
+        recent = self.recent
+        if batch:
+            recent.append((now, batch))
+        while recent and recent[0][0] < now - UNFLUSHED_S:
+            recent.popleft()
+
+    async def _rewrite_recent(self) -> None:
+        """On a new connection: write the batches of the last UNFLUSHED_S again; the
+        guard applies only those a crash undid (see the module's docstring)."""
+        self._remember([])
+        results = [result for _, batch in self.recent for result in batch]
+        applied = await queue_async.record_results(self.conn, self.worker, results,
+                                                   self.breaker)
+        if applied:
+            log_event("worker_results_rewritten", worker=self.worker, applied=applied,
+                      of=len(results))

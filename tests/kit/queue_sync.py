@@ -126,3 +126,9 @@ def enqueue_events(
     """queue_async.enqueue_events's statement on `conn` itself, in its transaction."""
     cursor = queries.ENQUEUE_EVENTS.run_sync(conn, queue_async.enqueue_params(events))
     return queue_async.enqueued(cursor.fetchall())
+
+
+def notify_deliveries(conn: psycopg.Connection) -> None:
+    """queue_async.notify_deliveries's statement on `conn` itself: the idle workers wake as
+    after an event accepted through ingress, not at their next poll."""
+    queries.NOTIFY_DELIVERIES.run_sync(conn, queue_async.NOTIFY_PARAMS)
