@@ -73,8 +73,9 @@ def fill_sql(scenario: str) -> list[str]:
         f" FROM generate_series(1, {BACKLOG_DESTINATIONS}) g",
         "INSERT INTO events (type, payload, delivery_count, tenant_id)"
         f" SELECT 'order.created', '{{}}', 1, 1 FROM generate_series(1, {BACKLOG})",
-        "INSERT INTO deliveries (event_id, destination_id, tenant_id, next_attempt_at)"
-        f" SELECT e.id, 1 + e.id % {BACKLOG_DESTINATIONS}, 1,"
+        "INSERT INTO deliveries (event_id, created_at, destination_id, tenant_id,"
+        " next_attempt_at)"
+        f" SELECT e.id, e.created_at, 1 + e.id % {BACKLOG_DESTINATIONS}, 1,"
         "        now() - interval '1 hour' + e.id * interval '1 ms' FROM events e",
     ]
     if scenario == "one-tenant":
@@ -87,8 +88,10 @@ def fill_sql(scenario: str) -> list[str]:
                 "INSERT INTO events (type, payload, delivery_count, tenant_id)"
                 " SELECT 'order.created', '{}', 1, 2"
                 f" FROM generate_series(1, {SMALL_TENANT_ROWS})",
-                "INSERT INTO deliveries (event_id, destination_id, tenant_id, next_attempt_at)"
-                f" SELECT e.id, {BACKLOG_DESTINATIONS + 1}, 2, now() - interval '1 second'"
+                "INSERT INTO deliveries (event_id, created_at, destination_id, tenant_id,"
+                " next_attempt_at)"
+                f" SELECT e.id, e.created_at, {BACKLOG_DESTINATIONS + 1}, 2,"
+                " now() - interval '1 second'"
                 " FROM events e WHERE e.tenant_id = 2"]
     return [
         f"INSERT INTO tenants (uid) SELECT 't' || g FROM generate_series(1, {MANY_TENANTS}) g",
@@ -101,8 +104,10 @@ def fill_sql(scenario: str) -> list[str]:
         f" generate_series(1, {DUE_PER_DESTINATION}) ORDER BY id",
         # Due over the last 30 s in random order across tenants, as traffic spread over
         # them leaves it.
-        "INSERT INTO deliveries (event_id, destination_id, tenant_id, next_attempt_at)"
-        " SELECT e.id, 1 + (e.id - 1) / 2, e.tenant_id, now() - random() * interval '30 s'"
+        "INSERT INTO deliveries (event_id, created_at, destination_id, tenant_id,"
+        " next_attempt_at)"
+        " SELECT e.id, e.created_at, 1 + (e.id - 1) / 2, e.tenant_id,"
+        " now() - random() * interval '30 s'"
         " FROM events e",
     ]
 
@@ -168,6 +173,10 @@ async def measure(dsn: str, scenario: str, limit: int, claims: int, warmup: int,
             claimed += len(got)
             tenants_served.append(len(set(tenants)))
     await conn.close()
+    if claimed == 0:
+        # A claim that returns nothing measures nothing (the fill's deliveries must carry
+        # their event's created_at, which the claim joins on: schema/026).
+        raise RuntimeError(f"claim-cost {scenario}: {claims} claims of {limit} returned no row")
     total_wall, total_cpu = sum(walls), sum(cpus)
     return Measured(
         scenario=scenario, limit=limit, claims=claims, claimed=claimed,

@@ -4,7 +4,9 @@
                                     [--b-rate 20] [--dsn URL | --stock-pg15]
 
 Tenant A has --backlog due deliveries to an endpoint answering after 50 ms; tenant B posts
---b-rate events/s over HTTP, with its own key, to a fast endpoint. Both tenants, their keys
+--b-rate events/s over HTTP, with its own key, to a fast endpoint on a server of its own
+(another customer's: on A's server, B's requests queued at the receiver behind A's
+thousand, which no sender can change). Both tenants, their keys
 and their destinations are made through the engine's API (POST /v1/tenants, POST
 /v1/tenants/{uid}/keys, POST /v1/destinations with the tenant's key); A's backlog is
 written in one statement (sql/fill_tenant_backlog.sql, the rows ingress would write) and
@@ -239,6 +241,7 @@ def run_phase(admin_dsn: str, args: argparse.Namespace, with_b: bool) -> dict[st
     with (
         stack.fresh_database(admin_dsn, BENCH_DB) as dsn,
         FakeDestination(extra_args=["--keep", "0"]) as dest,
+        FakeDestination(extra_args=["--keep", "0"]) as dest_b,
         psycopg.connect(dsn, autocommit=True) as conn,
         stack.Engine(dsn, args.procs, ["--max-in-flight", str(args.max_in_flight)]) as engine,
     ):
@@ -251,7 +254,7 @@ def run_phase(admin_dsn: str, args: argparse.Namespace, with_b: bool) -> dict[st
         dest.wait_for(WARM_NAME, "delivered_ids", warm, WARM_UP_TIMEOUT_S)
         api = Api(engine.base_url)
         tenant_a = tenant_through_api(api, "tenant-a", dest.url(A_PATH))
-        tenant_b = tenant_through_api(api, "tenant-b", dest.url(B_PATH))
+        tenant_b = tenant_through_api(api, "tenant-b", dest_b.url(B_PATH))
         load_before = os.getloadavg()
         sender = Sender(engine.base_url, tenant_b.key, args.b_rate) if with_b else None
         with sender or contextlib.nullcontext():
@@ -270,12 +273,12 @@ def run_phase(admin_dsn: str, args: argparse.Namespace, with_b: bool) -> dict[st
             cpu_s = cpu.take()
         b_report = None
         if sender is not None:
-            dest.wait_for(B_NAME, "delivered_ids", len(sender.accepted), B_SETTLE_TIMEOUT_S)
+            dest_b.wait_for(B_NAME, "delivered_ids", len(sender.accepted), B_SETTLE_TIMEOUT_S)
             b_report = {
                 "sent": len(sender.accepted) + sum(sender.refused.values()),
                 "refused": sender.refused,
-                "duplicates": dest.name_stats(B_NAME).get("duplicates"),
-                **b_latencies(sender.accepted, dest.arrivals(B_NAME), Windows(
+                "duplicates": dest_b.name_stats(B_NAME).get("duplicates"),
+                **b_latencies(sender.accepted, dest_b.arrivals(B_NAME), Windows(
                     fill_ms, due_ms, int(a_stats["last_request_ms"])),
                     request_starts(conn, tenant_b.destination_id)),
             }
