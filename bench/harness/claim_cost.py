@@ -176,7 +176,7 @@ async def measure(dsn: str, scenario: str, limit: int, claims: int, warmup: int,
     if claimed == 0:
         # A claim that returns nothing measures nothing (the fill's deliveries must carry
         # their event's created_at, which the claim joins on: schema/026).
-        raise RuntimeError(f"claim-cost {scenario}: {claims} claims of {limit} returned no row")
+        raise SystemExit(f"{scenario}: {claims} claims of {limit} returned no row")
     total_wall, total_cpu = sum(walls), sum(cpus)
     return Measured(
         scenario=scenario, limit=limit, claims=claims, claimed=claimed,

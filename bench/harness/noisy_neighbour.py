@@ -6,11 +6,11 @@
 Tenant A has --backlog due deliveries to an endpoint answering after 50 ms; tenant B posts
 --b-rate events/s over HTTP, with its own key, to a fast endpoint on a server of its own
 (another customer's: on A's server, B's requests queued at the receiver behind A's
-thousand, which no sender can change). Both tenants, their keys
-and their destinations are made through the engine's API (POST /v1/tenants, POST
-/v1/tenants/{uid}/keys, POST /v1/destinations with the tenant's key); A's backlog is
-written in one statement (sql/fill_tenant_backlog.sql, the rows ingress would write) and
-falls due at one moment a few seconds later (sql/tenant_backlog_due.sql), once analyzed.
+thousand, which no sender can change). Both tenants, their keys and their destinations
+are made through the engine's API (POST /v1/tenants, POST /v1/tenants/{uid}/keys, POST
+/v1/destinations with the tenant's key); A's backlog is written in one statement
+(sql/fill_tenant_backlog.sql, the rows ingress would write) and falls due at one moment a
+few seconds later (sql/tenant_backlog_due.sql), once analyzed.
 
 Each repeat runs two phases, each on a fresh database with a fresh `engine --procs N`
 (warmed up first with --procs x --max-in-flight deliveries to A's host, as the drains do):
