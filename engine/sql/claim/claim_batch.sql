@@ -110,9 +110,12 @@ WITH RECURSIVE set_aside_tenants AS (
              WHERE breaker <> 'closed' AND paused_until <= now()
                AND NOT disabled AND NOT paused AND deleted_at IS NULL
                AND tenant_id <> ALL ((SELECT ids FROM set_aside_tenants)::bigint[])
-               AND EXISTS (SELECT 1 FROM deliveries d
-                            WHERE d.destination_id = destinations.id
-                              AND d.status = 'pending' AND d.next_attempt_at <= now())
+               AND EXISTS (SELECT 1 FROM (SELECT 1 FROM deliveries d
+                                           WHERE d.destination_id = destinations.id
+                                             AND d.status = 'pending'
+                                             AND d.next_attempt_at <= now()
+                                           ORDER BY d.next_attempt_at DESC
+                                           LIMIT 1) due)
              ORDER BY paused_until
              LIMIT least(5, $2)
                FOR NO KEY UPDATE SKIP LOCKED) due
@@ -281,7 +284,12 @@ WITH RECURSIVE set_aside_tenants AS (
     -- rate-limited destinations after the join; with a backlog that is all capped they
     -- would walk every due row to find none. This probe stops at the first uncapped
     -- destination with a due delivery (deliveries_destination_idx), and the scans are
-    -- skipped when there is none (docs/decisions/0025).
+    -- skipped when there is none (docs/decisions/0025). Each destination's probe, here
+    -- and in probed_destinations, is a subquery with LIMIT (not flattened into a join)
+    -- descending from now() to its newest due row: as a plain EXISTS it was planned as a
+    -- hash semi-join over a sequential scan of deliveries, whose heap front is the rows
+    -- claimed since the last vacuum, or as a forward scan stepping over their index
+    -- entries; on every claim (docs/decisions/0038).
     SELECT EXISTS (
            SELECT 1 FROM destinations dest
             WHERE dest.max_in_flight IS NULL AND dest.rate_limit IS NULL
@@ -289,9 +297,12 @@ WITH RECURSIVE set_aside_tenants AS (
               AND dest.breaker = 'closed'
               AND dest.id <> ALL ($6::bigint[])
               AND dest.tenant_id <> ALL ((SELECT ids FROM set_aside_tenants)::bigint[])
-              AND EXISTS (SELECT 1 FROM deliveries d
-                           WHERE d.destination_id = dest.id AND d.status = 'pending'
-                             AND d.next_attempt_at <= now())) AS found
+              AND EXISTS (SELECT 1 FROM (SELECT 1 FROM deliveries d
+                                          WHERE d.destination_id = dest.id
+                                            AND d.status = 'pending'
+                                            AND d.next_attempt_at <= now()
+                                          ORDER BY d.next_attempt_at DESC
+                                          LIMIT 1) due)) AS found
 ), eligible_first AS (
     SELECT d.id, d.next_attempt_at
       FROM claimable_deliveries d

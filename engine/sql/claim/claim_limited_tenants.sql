@@ -76,7 +76,7 @@ WITH limited AS (
                                           WHERE d.destination_id = shuffled.destination_id
                                             AND d.status = 'pending'
                                             AND d.next_attempt_at <= now()
-                                          ORDER BY d.next_attempt_at
+                                          ORDER BY d.next_attempt_at DESC
                                           LIMIT 1) due)
             LIMIT l.budget) w
      WHERE l.budget > 0

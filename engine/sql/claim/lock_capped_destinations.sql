@@ -28,7 +28,10 @@
 -- was planned as a semi-join against every due row (the claimable index, read whole and
 -- hashed by destination, or rescanned per destination), since a queue's statistics rarely
 -- know how much is due (docs/decisions/0025). ORDER BY next_attempt_at is what
--- makes that index the plan's choice: it alone returns the rows in that order.
+-- makes that index the plan's choice: it alone returns the rows in that order. DESC: the
+-- probe descends from now() to the newest due row, the live end of the range; the rows
+-- claimed since the last vacuum leave their entries at the old end, and a probe from there
+-- stepped over all of them (docs/decisions/0038).
 -- The destinations with room are shuffled first and probed in that order until $2 have
 -- due work (the OFFSET 0 keeps the probe out of the shuffled subquery, so it is not run
 -- for every row before the sort): a claim probes about as many destinations as it locks,
@@ -54,7 +57,7 @@ WITH candidates AS MATERIALIZED (
                                    WHERE d.destination_id = shuffled.id
                                      AND d.status = 'pending'
                                      AND d.next_attempt_at <= now()
-                                   ORDER BY d.next_attempt_at
+                                   ORDER BY d.next_attempt_at DESC
                                    LIMIT 1) due)
      LIMIT $2
 )

@@ -39,7 +39,7 @@ WITH candidates AS MATERIALIZED (
                                    WHERE d.tenant_id = shuffled.id
                                      AND d.status = 'pending'
                                      AND d.next_attempt_at <= now()
-                                   ORDER BY d.next_attempt_at
+                                   ORDER BY d.next_attempt_at DESC
                                    LIMIT 1) due)
      LIMIT $2
 )

@@ -58,7 +58,7 @@ WITH due AS (
                                    WHERE d.destination_id = dest.id
                                      AND d.status = 'pending'
                                      AND d.next_attempt_at <= now()
-                                   ORDER BY d.next_attempt_at
+                                   ORDER BY d.next_attempt_at DESC
                                    LIMIT 1) due)
      ORDER BY dest.rate_next_send_at NULLS FIRST
      LIMIT 32
