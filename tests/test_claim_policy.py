@@ -5,7 +5,14 @@ as the claim loop drives it."""
 from __future__ import annotations
 
 from engine.domain import Claim
-from engine.worker.claim_policy import OTHERS_IDLE_S, SLOW_ANSWER_S, ClaimPolicy
+from engine.worker.claim_policy import (
+    CLAIM_CAP,
+    OTHERS_IDLE_S,
+    SHARED_CLAIM_CAP,
+    SHARED_HOLD_S,
+    SLOW_ANSWER_S,
+    ClaimPolicy,
+)
 from engine.worker.slots import SLOW_REQUEST_S, DestinationSlots
 
 CAPACITY = 64
@@ -165,3 +172,25 @@ def test_an_answer_from_a_left_out_destination_ends_the_wait_for_work() -> None:
     assert not policy.left_out_answered, "an answer from another destination"
     policy.answer(SLOW, t + 0.03, 0.01)
     assert policy.left_out_answered
+
+
+def test_claims_are_smaller_while_other_tenants_work_waits() -> None:
+    """After a claim that shared its room among tenants, claims take at most
+    SHARED_CLAIM_CAP for SHARED_HOLD_S (the next claim, with the others' next due rows,
+    comes sooner); a claim for one tenant alone keeps CLAIM_CAP."""
+    policy = ClaimPolicy(1024)
+    assert policy.limit(0, False, 0.0) == CLAIM_CAP
+    policy.claimed([], CLAIM_CAP, [claim(n, HEALTHY) for n in range(CLAIM_CAP)], 0, 1.0,
+                   shared=False)
+    assert policy.limit(0, False, 1.0) == CLAIM_CAP
+    policy.claimed([], CLAIM_CAP, [claim(n, HEALTHY) for n in range(CLAIM_CAP)], 0, 2.0,
+                   shared=True)
+    assert policy.limit(0, False, 2.0) == SHARED_CLAIM_CAP
+    assert policy.limit(0, False, 2.0 + SHARED_HOLD_S - 0.01) == SHARED_CLAIM_CAP
+    # Unshared claims meanwhile do not end the hold early: one tenant's work may be due
+    # between two of the other's.
+    policy.claimed([], SHARED_CLAIM_CAP, [claim(1, HEALTHY)], 0, 2.5, shared=False)
+    assert policy.limit(0, False, 2.6) == SHARED_CLAIM_CAP
+    assert policy.limit(0, False, 2.0 + SHARED_HOLD_S) == CLAIM_CAP
+    # Fewer free slots than the cap: the free slots.
+    assert policy.limit(1024 - 100, False, 2.1) == 100

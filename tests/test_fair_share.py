@@ -146,6 +146,8 @@ def test_one_claim_gives_each_tenant_with_due_work_its_share_first(
         if any(n > fair_share for n in got.values()):
             assert all(got[t] >= min(claimable[t], s) for t, s in shares.items())
         assert worker.tenant_cursor.after == list(shares)[-1]
+    # What the worker's claim policy is told (claim_policy.SHARED_CLAIM_CAP).
+    assert worker.tenant_cursor.shared == bool(shares and claims)
 
 
 @PROPERTY_SETTINGS
@@ -182,6 +184,7 @@ def test_a_noisy_tenants_backlog_does_not_hold_back_anothers_fresh_delivery(
         " SELECT id, %s, %s FROM event", (b, destination, b))
     got = claimed_by_tenant(db, worker.claim(50))
     assert got == {a: 49, b: 1}
+    assert worker.tenant_cursor.shared
 
 
 def test_one_tenant_claims_in_due_order_as_before(
@@ -197,6 +200,7 @@ def test_one_tenant_claims_in_due_order_as_before(
         (only,)).fetchall()]
     assert sorted(c.id for c in claims) == sorted(oldest)
     assert worker.tenant_cursor.after == 0
+    assert not worker.tenant_cursor.shared
 
 
 def test_disabled_and_deleted_tenants_get_nothing_even_alone(

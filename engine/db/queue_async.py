@@ -62,10 +62,11 @@ class TenantCursor:
     goes down the tenant ids; docs/decisions/0026). Kept in the worker's memory: each
     worker goes round on its own, and a new one (0) starts from the highest tenant."""
 
-    __slots__ = ("after",)
+    __slots__ = ("after", "shared")
 
     def __init__(self) -> None:
         self.after = 0
+        self.shared = False  # the last claim shared its room among tenants
 
 
 async def claim_batch(
@@ -119,8 +120,10 @@ async def claim_batch(
         ))
     rows = await claimed.fetchall()
     # The last column is the same on every row: the tenant the fair share served last.
-    if rows and tenant_cursor is not None and rows[0][-1] is not None:
-        tenant_cursor.after = rows[0][-1]
+    if tenant_cursor is not None:
+        tenant_cursor.shared = bool(rows) and rows[0][-1] is not None
+        if tenant_cursor.shared:
+            tenant_cursor.after = rows[0][-1]
     # claim_limited_tenants.sql set its claims' send times itself.
     claims = limited_claims + _claims([row[:-1] for row in rows], tokens)
     if (len(capped) >= CAPPED_LOCKS_PER_CLAIM and claims) or (

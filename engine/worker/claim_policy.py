@@ -16,6 +16,13 @@ from engine.worker.outcome import utcnow
 from engine.worker.slots import LEASE_SAFETY_MS, DestinationSlots
 
 CLAIM_CAP = 500  # most rows one claim takes (docs/decisions/0003-claim-cap-500.md)
+# While other tenants' work waits (a claim shared its room among tenants, within the last
+# SHARED_HOLD_S), a claim takes at most this many: the claim after it, which takes the
+# others' next due rows, comes that much sooner (a worker draining one tenant's backlog
+# claims as fast as it sends, so a claim's size is the wait of every other tenant's
+# delivery due meanwhile). One tenant's drain keeps CLAIM_CAP. Decision 0039.
+SHARED_CLAIM_CAP = 200
+SHARED_HOLD_S = 1.0
 POLL_INTERVAL_S = 1.0  # fallback when no NOTIFY comes (retries falling due, missed ones)
 # After a claim with rate-limited deliveries, the next claim comes within a token's time,
 # bounded: often enough that the second of send times a claim books ahead never runs out
@@ -82,17 +89,18 @@ class ClaimPolicy:
         self.left_out_answered = False
         self.left_out_at = -math.inf  # when left_out() chose them (monotonic)
         self.retry_due = math.inf  # monotonic time the earliest retry we recorded is due
+        self.shared_until = -math.inf  # claims take SHARED_CLAIM_CAP until then (monotonic)
 
-    def limit(self, held: int, recording_backlogged: bool) -> int:
+    def limit(self, held: int, recording_backlogged: bool, now: float) -> int:
         """How many to claim now (0: wait for room). `held`: claims between claim and
         result. `recording_backlogged`: too many results wait to be recorded
         (recorder.UNRECORDED_LIMIT): nothing is claimed, so that a slow database slows the
-        claiming instead of piling up outcomes in memory."""
+        claiming instead of piling up outcomes in memory. `now`: monotonic time."""
         if recording_backlogged:
             return 0
         free = self.capacity + self.prefetch - held
         if self.room(held) or (held == 0 and free > 0):
-            return min(free, CLAIM_CAP)
+            return min(free, SHARED_CLAIM_CAP if now < self.shared_until else CLAIM_CAP)
         return 0
 
     def room(self, held: int) -> bool:
@@ -181,9 +189,12 @@ class ClaimPolicy:
         return excess
 
     def claimed(self, left_out: list[int], limit: int, claims: Iterable[Claim],
-                answered_meanwhile: int, now: float) -> bool:
-        """Take in what a claim brought back (`now`: monotonic time); True when there is
-        probably more to take at once."""
+                answered_meanwhile: int, now: float, shared: bool = False) -> bool:
+        """Take in what a claim brought back (`now`: monotonic time; `shared`: the claim
+        shared its room among tenants with due work); True when there is probably more
+        to take at once."""
+        if shared:
+            self.shared_until = now + SHARED_HOLD_S
         excluded = frozenset(left_out)
         self.left_out_last = excluded
         # Answers that came while the claim ran count too.

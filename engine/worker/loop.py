@@ -192,7 +192,7 @@ class DeliveryWorker:
             if not maybe_more:
                 maybe_more = await self._wait_for_work()
                 continue
-            limit = policy.limit(dispatcher.held, self.recorder.backlogged)
+            limit = policy.limit(dispatcher.held, self.recorder.backlogged, time.monotonic())
             if limit == 0:
                 self.room.clear()
                 await self.room.wait()
@@ -217,7 +217,7 @@ class DeliveryWorker:
             took = time.perf_counter() - started
             maybe_more = policy.claimed(left_out, limit, claims,
                                         dispatcher.answered - answered_before,
-                                        time.monotonic())
+                                        time.monotonic(), self.tenant_cursor.shared)
             # Capped destinations beyond those this claim could lock may have room too
             # (queue.CAPPED_LOCKS_PER_CLAIM): its commit woke every claimer for them, this
             # one as well, and they share them after the same gathering pause.
